@@ -1,0 +1,97 @@
+//! The storage interface the service talks to, the same for every database backend.
+
+use std::fmt::Debug;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+mod error;
+
+pub use error::StoreError;
+
+/// Who deleted a plant and in answer to which request; written beside the delete.
+#[derive(Debug, Clone)]
+pub struct DeletionAudit<'a> {
+    pub token_name: &'a str,
+    pub request_id: &'a str,
+    pub deleted_at: DateTime<Utc>,
+}
+
+/// A stored API token: everything but the secret, which is never stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRecord {
+    pub name: String,
+    /// Public half of the token, used to find the row before the constant-time check.
+    pub lookup_id: String,
+    /// SHA-256 of the secret half.
+    pub secret_hash: Vec<u8>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// One database the service can run on.
+///
+/// Every method is one unit of work on the database; an implementation maps its driver's
+/// errors into [`StoreError`] by kind so callers never see database text.
+#[async_trait]
+pub trait Store: Send + Sync + Debug + 'static {
+    /// Applies this backend's migrations.
+    async fn migrate(&self) -> Result<(), StoreError>;
+
+    /// Checks, without changing anything, that the schema the service needs is present.
+    async fn check_schema(&self) -> Result<(), StoreError>;
+
+    /// Answers once the database answers a trivial query.
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Deletes one plant and records who did it, in one transaction.
+    ///
+    /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
+    /// another table still points at it (then nothing is deleted).
+    async fn delete_plant(&self, id: i64, audit: &DeletionAudit<'_>) -> Result<(), StoreError>;
+
+    /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
+    async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
+
+    /// Stores a new token; `StoreError::Duplicate` when the name is taken.
+    async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError>;
+
+    async fn find_token(&self, lookup_id: &str) -> Result<Option<TokenRecord>, StoreError>;
+
+    /// Every token, oldest first.
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
+
+    /// Marks a token revoked; `StoreError::NotFound` when no token has that name.
+    /// Revoking a revoked token keeps its first revocation time.
+    async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
+
+    async fn count_tokens(&self) -> Result<i64, StoreError>;
+
+    /// Waits for in-flight work and closes every connection.
+    async fn close(&self);
+}
+
+/// How a backend sizes and waits on its connection pool.
+#[derive(Debug, Clone, Copy)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    /// Longest wait for a free connection (and, on SQLite, for the write lock) before the
+    /// caller gets `StoreError::Unavailable`.
+    pub acquire_timeout: std::time::Duration,
+}
+
+/// What `Store::check_schema` reports, given what a backend found in its catalog.
+pub fn schema_verdict(has_plants_id: bool, has_own_tables: bool) -> Result<(), StoreError> {
+    if !has_plants_id {
+        return Err(StoreError::Schema(
+            "the database has no plants.id column: create the plants table, or start with PLANTSTORE_MIGRATE=true".into(),
+        ));
+    }
+    if !has_own_tables {
+        return Err(StoreError::Schema(
+            "the service's own tables are missing: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
+        ));
+    }
+    Ok(())
+}

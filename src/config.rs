@@ -1,0 +1,201 @@
+//! Every setting, read once at start from flags, then the environment, then `.env`.
+
+use std::{
+    convert::Infallible, fmt, net::SocketAddr, num::NonZeroU32, str::FromStr, time::Duration,
+};
+
+use clap::{ArgAction, builder::BoolishValueParser};
+
+/// The service's settings. Each flag also reads the environment variable it names.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// Which database: sqlite://FILE?mode=rwc, or postgres://USER:PASSWORD@HOST/DATABASE
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://plantstore.db?mode=rwc",
+        hide_env_values = true,
+        hide_default_value = true,
+        global = true
+    )]
+    pub database_url: DatabaseUrl,
+
+    /// Address to serve on
+    #[arg(
+        long,
+        env = "PLANTSTORE_LISTEN",
+        default_value = "127.0.0.1:8080",
+        global = true
+    )]
+    pub listen: SocketAddr,
+
+    /// Apply migrations at start (false: only check that the schema is there)
+    #[arg(long, env = "PLANTSTORE_MIGRATE", default_value_t = true, action = ArgAction::Set,
+          value_parser = BoolishValueParser::new(), global = true)]
+    pub migrate: bool,
+
+    /// Tracing filter, such as `info` or `plantstore=debug`
+    #[arg(long = "log", env = "RUST_LOG", default_value = "info", global = true)]
+    pub log_filter: String,
+
+    /// Log line format
+    #[arg(long, env = "PLANTSTORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    /// Longest wait for a database connection before answering 503
+    #[arg(long, env = "PLANTSTORE_DB_ACQUIRE_TIMEOUT", default_value = "3s",
+          value_parser = parse_duration, global = true)]
+    pub db_acquire_timeout: Duration,
+
+    /// Most database connections this instance opens
+    #[arg(long, env = "PLANTSTORE_DB_MAX_CONNECTIONS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..), global = true)]
+    pub db_max_connections: u32,
+
+    /// How long in-flight requests may finish after SIGTERM or Ctrl-C
+    #[arg(long, env = "PLANTSTORE_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = parse_duration, global = true)]
+    pub shutdown_grace: Duration,
+
+    /// Requests per second per token; over it the answer is 429 (unset: no limit)
+    #[arg(long, env = "PLANTSTORE_RATE_LIMIT", global = true)]
+    pub rate_limit: Option<NonZeroU32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// `DATABASE_URL`, which may hold a password: `Debug` and `Display` never show it, and
+/// a bad value is reported without echoing it.
+#[derive(Clone)]
+pub struct DatabaseUrl(String);
+
+impl DatabaseUrl {
+    /// The backend the URL's scheme names.
+    pub fn backend(&self) -> Result<Backend, String> {
+        let Some((scheme, _)) = self.0.split_once(':') else {
+            return Err(
+                "DATABASE_URL is not a URL: write sqlite://FILE or postgres://USER@HOST/DATABASE"
+                    .into(),
+            );
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" => Ok(Backend::Sqlite),
+            "postgres" | "postgresql" => Ok(Backend::Postgres),
+            other => Err(format!(
+                "DATABASE_URL has the unknown scheme '{other}': use sqlite:, postgres:// or postgresql://"
+            )),
+        }
+    }
+
+    /// The URL with its password; only for handing to the database driver.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The URL with any password replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return self.0.clone();
+        };
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(authority_end);
+        let authority = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{user}:***@{host}"),
+                None => authority.to_owned(),
+            },
+            None => authority.to_owned(),
+        };
+        let path = match path.split_once("password=") {
+            Some((before, after)) => {
+                let rest = after.find('&').map_or("", |end| &after[end..]);
+                format!("{before}password=***{rest}")
+            }
+            None => path.to_owned(),
+        };
+        format!("{scheme}://{authority}{path}")
+    }
+}
+
+impl FromStr for DatabaseUrl {
+    type Err = Infallible;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        Ok(Self(url.to_owned()))
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DatabaseUrl")
+            .field(&self.redacted())
+            .finish()
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+/// Reads a DURATION such as `90d`, `12h`, `5s` or `500ms`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text).map_err(|err| format!("{err} (write it like 90d, 12h or 5s)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(text: &str) -> DatabaseUrl {
+        DatabaseUrl(text.to_owned())
+    }
+
+    #[test]
+    fn the_scheme_picks_the_backend() {
+        assert_eq!(url("sqlite://x.db?mode=rwc").backend(), Ok(Backend::Sqlite));
+        assert_eq!(url("sqlite::memory:").backend(), Ok(Backend::Sqlite));
+        assert_eq!(url("postgres://u@h/d").backend(), Ok(Backend::Postgres));
+        assert_eq!(url("PostgreSQL://u@h/d").backend(), Ok(Backend::Postgres));
+        assert!(
+            url("mysql://u@h/d")
+                .backend()
+                .is_err_and(|e| e.contains("'mysql'"))
+        );
+        assert!(url("plantstore.db").backend().is_err());
+    }
+
+    #[test]
+    fn passwords_never_show() {
+        let secret = url("postgres://app:hunter2@db:5432/plants?sslmode=require");
+        assert_eq!(
+            secret.to_string(),
+            "postgres://app:***@db:5432/plants?sslmode=require"
+        );
+        assert!(!format!("{secret:?}").contains("hunter2"));
+        let in_query = url("postgres://db/plants?user=app&password=hunter2&sslmode=require");
+        assert_eq!(
+            in_query.to_string(),
+            "postgres://db/plants?user=app&password=***&sslmode=require"
+        );
+    }
+
+    #[test]
+    fn durations_read_like_the_spec() {
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(90 * 86_400)));
+        assert_eq!(parse_duration("12h"), Ok(Duration::from_secs(12 * 3_600)));
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert!(parse_duration("soon").is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! The service's one HTTP error type, and the only place errors become responses.
+
+use plantstore_store::StoreError;
+use poem::{
+    Response,
+    error::{MethodNotAllowedError, NotFoundError, ResponseError},
+    http::{HeaderValue, StatusCode, header},
+};
+use poem_openapi::{
+    ApiResponse, Object,
+    error::{AuthorizationError, ParsePathError},
+    registry::{MetaHeader, MetaMediaType, MetaResponse, MetaResponses, Registry},
+    types::Type,
+};
+
+/// What the service answers to a client's mistake or its own failure.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("the plant id is not a base-10 int64")]
+    InvalidPlantId,
+    #[error("unauthenticated")]
+    Unauthorized { token_sent: bool },
+    #[error("forbidden")]
+    Forbidden,
+    #[error("no plant with id {0}")]
+    PlantNotFound(i64),
+    #[error("no route")]
+    RouteNotFound,
+    #[error("method not allowed")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("plant {0} is still referenced")]
+    PlantReferenced(i64),
+    #[error("rate limited")]
+    RateLimited { retry_after_secs: u64 },
+    /// A request the framework refused for a reason no other variant covers.
+    #[error("rejected with {0}")]
+    Rejected(StatusCode),
+    #[error("database unavailable")]
+    Unavailable,
+    #[error("internal error")]
+    Internal,
+}
+
+/// The body of every error response, as the published contract names it.
+#[derive(Debug, Object, serde::Serialize)]
+#[oai(rename = "Error")]
+pub struct ErrorBody {
+    /// The HTTP status code.
+    pub error: i32,
+    /// What went wrong, in one sentence a person can act on.
+    pub message: String,
+}
+
+/// Seconds a client should wait before retrying after a 503.
+const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
+
+impl ApiError {
+    /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
+    /// `token_sent` and `path` describe the request, for the headers the answer needs.
+    pub fn from_poem(err: poem::Error, token_sent: bool, path: &str) -> Self {
+        if err.is::<ApiError>() {
+            return err.downcast::<ApiError>().unwrap_or(ApiError::Internal);
+        }
+        if err.is::<ParsePathError>() {
+            ApiError::InvalidPlantId
+        } else if err.is::<AuthorizationError>() {
+            ApiError::Unauthorized { token_sent }
+        } else if err.is::<NotFoundError>() {
+            ApiError::RouteNotFound
+        } else if err.is::<MethodNotAllowedError>() {
+            ApiError::MethodNotAllowed {
+                allow: crate::app::allowed_methods(path),
+            }
+        } else if err.status().is_server_error() {
+            tracing::error!(error = %err, "unexpected error");
+            ApiError::Internal
+        } else {
+            ApiError::Rejected(err.status())
+        }
+    }
+
+    fn message(&self) -> String {
+        match self {
+            ApiError::InvalidPlantId => {
+                "The plant id must be a base-10 integer between -9223372036854775808 and 9223372036854775807.".into()
+            }
+            ApiError::Unauthorized { token_sent: false } => {
+                "Authentication is required: send the header `Authorization: Bearer <token>`.".into()
+            }
+            ApiError::Unauthorized { token_sent: true } => {
+                "The bearer token is malformed, unknown, expired or revoked.".into()
+            }
+            ApiError::Forbidden => "This token is not allowed to delete plants.".into(),
+            ApiError::PlantNotFound(id) => format!("No plant with id {id} exists."),
+            ApiError::RouteNotFound => "There is no endpoint at this path.".into(),
+            ApiError::MethodNotAllowed { allow } => {
+                format!("This method is not allowed on this path; use {allow}.")
+            }
+            ApiError::PlantReferenced(id) => format!(
+                "Plant {id} is still referenced by other records, so it was not deleted; remove those references first."
+            ),
+            ApiError::RateLimited { retry_after_secs } => format!(
+                "Too many requests with this token; retry in {retry_after_secs} second(s)."
+            ),
+            ApiError::Rejected(status) => format!(
+                "The request was rejected: {}.",
+                status.canonical_reason().unwrap_or("invalid request").to_lowercase()
+            ),
+            ApiError::Unavailable => {
+                "The database is unavailable right now; retry in a few seconds.".into()
+            }
+            ApiError::Internal => {
+                "The server hit an unexpected error; the x-request-id header identifies it in the logs.".into()
+            }
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(err: StoreError) -> Self {
+        match err {
+            StoreError::Unavailable(cause) => {
+                tracing::warn!(error = %cause, "database unavailable");
+                ApiError::Unavailable
+            }
+            other => {
+                tracing::error!(error = %other, "database error");
+                ApiError::Internal
+            }
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::InvalidPlantId => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden => StatusCode::FORBIDDEN,
+            ApiError::PlantNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PlantReferenced(_) => StatusCode::CONFLICT,
+            ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Rejected(status) => *status,
+            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn as_response(&self) -> Response {
+        let status = self.status();
+        let body = ErrorBody {
+            error: i32::from(status.as_u16()),
+            message: self.message(),
+        };
+        let json = serde_json::to_vec(&body).unwrap_or_default();
+        let mut response = Response::builder()
+            .status(status)
+            .content_type("application/json")
+            .body(json);
+        let headers = response.headers_mut();
+        match self {
+            ApiError::Unauthorized { token_sent } => {
+                let challenge = if *token_sent {
+                    r#"Bearer realm="plantstore", error="invalid_token""#
+                } else {
+                    r#"Bearer realm="plantstore""#
+                };
+                headers.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static(challenge),
+                );
+            }
+            ApiError::MethodNotAllowed { allow } => {
+                headers.insert(header::ALLOW, HeaderValue::from_static(allow));
+            }
+            ApiError::RateLimited { retry_after_secs } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
+            }
+            ApiError::Unavailable => {
+                headers.insert(
+                    header::RETRY_AFTER,
+                    HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS),
+                );
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// Documents every error status of an operation, each with the `Error` schema, so the
+/// OpenAPI document lists what the service can really answer.
+impl ApiResponse for ApiError {
+    fn meta() -> MetaResponses {
+        let documented: [(u16, &'static str, Option<&'static str>); 9] = [
+            (400, "The id is not a base-10 int64", None),
+            (
+                401,
+                "No, malformed, unknown, expired or revoked token",
+                Some("WWW-Authenticate"),
+            ),
+            (
+                403,
+                "The token is valid but not allowed to delete plants",
+                None,
+            ),
+            (404, "No plant with that id", None),
+            (405, "Method not allowed on this path", Some("Allow")),
+            (
+                409,
+                "The plant is still referenced by another table; nothing was deleted",
+                None,
+            ),
+            (
+                429,
+                "Too many requests with this token",
+                Some("Retry-After"),
+            ),
+            (500, "Unexpected error", None),
+            (
+                503,
+                "The database is unreachable or busy",
+                Some("Retry-After"),
+            ),
+        ];
+        let responses = documented
+            .into_iter()
+            .map(|(status, description, header)| MetaResponse {
+                description,
+                status: Some(status),
+                status_range: None,
+                content: vec![MetaMediaType {
+                    content_type: "application/json",
+                    schema: ErrorBody::schema_ref(),
+                }],
+                headers: header
+                    .map(|name| MetaHeader {
+                        name: name.to_string(),
+                        description: None,
+                        required: true,
+                        deprecated: false,
+                        schema: String::schema_ref(),
+                    })
+                    .into_iter()
+                    .collect(),
+            })
+            .collect();
+        MetaResponses { responses }
+    }
+
+    fn register(registry: &mut Registry) {
+        ErrorBody::register(registry);
+    }
+}

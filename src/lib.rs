@@ -1,0 +1,16 @@
+//! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod middleware;
+pub mod ops;
+pub mod rate_limit;
+pub mod request_id;
+pub mod startup;
+pub mod store;
+pub mod telemetry;
+pub mod tokens;

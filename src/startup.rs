@@ -1,0 +1,128 @@
+//! Start and stop: open the database, prepare its schema, bind, serve, shut down gracefully.
+
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use anyhow::Context;
+use plantstore_store::{PoolSettings, Store};
+use poem::{
+    Server,
+    listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
+};
+
+use crate::{
+    app::{self, AppState},
+    config::Config,
+    rate_limit::RateLimiter,
+    store, tokens,
+};
+
+/// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
+/// so `run_until_stopped` only serves.
+pub struct Application {
+    acceptor: TcpAcceptor,
+    address: SocketAddr,
+    state: AppState,
+    initial_token: Option<String>,
+    shutdown_grace: Duration,
+}
+
+impl Application {
+    pub async fn build(config: &Config) -> anyhow::Result<Self> {
+        let store = open_store(config).await?;
+        let initial_token = tokens::ensure_initial(store.as_ref())
+            .await
+            .context("cannot create the initial token")?;
+        let acceptor = TcpListener::bind(config.listen)
+            .into_acceptor()
+            .await
+            .with_context(|| format!("cannot listen on {}", config.listen))?;
+        let address = acceptor
+            .local_addr()
+            .first()
+            .and_then(|addr| addr.as_socket_addr().copied())
+            .context("the listener has no socket address")?;
+        let state = AppState {
+            store,
+            rate_limiter: config
+                .rate_limit
+                .map(|rate| Arc::new(RateLimiter::new(rate))),
+        };
+        Ok(Self {
+            acceptor,
+            address,
+            state,
+            initial_token,
+            shutdown_grace: config.shutdown_grace,
+        })
+    }
+
+    /// The address actually bound (port 0 in the settings becomes a real port).
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The token made because the database had none, to be shown once.
+    pub fn initial_token(&self) -> Option<&str> {
+        self.initial_token.as_deref()
+    }
+
+    /// Serves until `shutdown` resolves, lets in-flight requests finish within the grace
+    /// period, then closes the database pool.
+    pub async fn run_until_stopped(
+        self,
+        shutdown: impl Future<Output = ()>,
+    ) -> std::io::Result<()> {
+        let store = Arc::clone(&self.state.store);
+        let served = Server::new_with_acceptor(self.acceptor)
+            .run_with_graceful_shutdown(app::build(self.state), shutdown, Some(self.shutdown_grace))
+            .await;
+        store.close().await;
+        served
+    }
+}
+
+/// Connects to the configured database and makes sure its schema is usable: migrated when
+/// `PLANTSTORE_MIGRATE` is on, else only checked.
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let settings = PoolSettings {
+        max_connections: config.db_max_connections,
+        acquire_timeout: config.db_acquire_timeout,
+    };
+    let store = store::connect(&config.database_url, settings)
+        .await
+        .with_context(|| format!("cannot open the database at {}", config.database_url))?;
+    if config.migrate {
+        store.migrate().await.context("cannot apply migrations")?;
+    } else {
+        store
+            .check_schema()
+            .await
+            .context("PLANTSTORE_MIGRATE=false and the schema is not ready")?;
+    }
+    Ok(store)
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutdown requested; finishing in-flight requests");
+}
