@@ -1,0 +1,283 @@
+//! The `plantstore` binary as a user runs it: commands, bad settings, signals.
+
+use std::{
+    io::{BufRead, BufReader},
+    path::Path,
+    process::{Child, Command, Output, Stdio},
+    time::Duration,
+};
+
+use reqwest::StatusCode;
+use sqlx::{Executor, SqlitePool};
+
+fn plantstore(dir: &Path, database_url: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_plantstore"));
+    // A clean environment in an empty folder: no stray DATABASE_URL, no .env.
+    command
+        .env_clear()
+        .env("DATABASE_URL", database_url)
+        .env("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "1s")
+        .env("RUST_LOG", "warn")
+        .current_dir(dir);
+    command
+}
+
+fn sqlite_url(dir: &Path) -> String {
+    format!("sqlite://{}?mode=rwc", dir.join("plantstore.db").display())
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn token_create_prints_the_token_alone_on_the_last_line_and_list_never_shows_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+
+    let created = plantstore(dir.path(), &url)
+        .args(["token", "create", "--name", "ci", "--expires-in", "90d"])
+        .output()
+        .expect("run");
+    let again = plantstore(dir.path(), &url)
+        .args(["token", "create", "--name", "ci"])
+        .output()
+        .expect("run");
+    let listed = plantstore(dir.path(), &url)
+        .args(["token", "list"])
+        .output()
+        .expect("run");
+    let revoked = plantstore(dir.path(), &url)
+        .args(["token", "revoke", "ci"])
+        .output()
+        .expect("run");
+    let unknown = plantstore(dir.path(), &url)
+        .args(["token", "revoke", "nobody"])
+        .output()
+        .expect("run");
+    let relisted = plantstore(dir.path(), &url)
+        .args(["token", "list"])
+        .output()
+        .expect("run");
+
+    assert!(created.status.success(), "{}", stderr(&created));
+    let token = stdout(&created)
+        .lines()
+        .last()
+        .expect("a last line")
+        .to_owned();
+    assert!(token.starts_with("pst_") && !token.contains(' '), "{token}");
+    assert!(!again.status.success());
+    assert_eq!(
+        stderr(&again).trim(),
+        "plantstore: a token named 'ci' already exists"
+    );
+    let list = stdout(&listed);
+    assert!(list.contains("NAME") && list.contains("ci "), "{list}");
+    assert!(!list.contains(&token[4..]), "never the secret");
+    assert!(revoked.status.success());
+    assert!(!unknown.status.success());
+    assert_eq!(stderr(&unknown).lines().count(), 1);
+    let ci_row = stdout(&relisted)
+        .lines()
+        .find(|l| l.starts_with("ci "))
+        .map(str::to_owned)
+        .expect("row");
+    assert_eq!(
+        ci_row
+            .split_whitespace()
+            .filter(|cell| *cell != "-")
+            .count(),
+        4,
+        "created, expires, revoked: {ci_row}"
+    );
+}
+
+#[test]
+fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+
+    let migrated = plantstore(dir.path(), &url)
+        .arg("migrate")
+        .output()
+        .expect("run");
+    let first = plantstore(dir.path(), &url)
+        .args(["seed", "--count", "3"])
+        .output()
+        .expect("run");
+    let second = plantstore(dir.path(), &url)
+        .args(["seed", "--count", "5"])
+        .output()
+        .expect("run");
+    let zero = plantstore(dir.path(), &url)
+        .args(["seed", "--count", "0"])
+        .output()
+        .expect("run");
+
+    assert!(migrated.status.success(), "{}", stderr(&migrated));
+    assert!(stdout(&first).contains("added 3 "), "{}", stdout(&first));
+    assert!(stdout(&second).contains("added 2 "), "{}", stdout(&second));
+    assert!(!zero.status.success());
+    assert_eq!(stderr(&zero).lines().count(), 1, "{}", stderr(&zero));
+}
+
+#[test]
+fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let cases: [(&str, &str, &str, &str); 7] = [
+        (
+            "DATABASE_URL",
+            "mysql://root@localhost/plants",
+            "unknown scheme 'mysql'",
+            "",
+        ),
+        ("DATABASE_URL", "plantstore.db", "not a URL", ""),
+        (
+            "DATABASE_URL",
+            "postgres://app:hunter2@127.0.0.1:1/plants",
+            "cannot open the database",
+            "hunter2",
+        ),
+        (
+            "DATABASE_URL",
+            "sqlite:///no/such/folder/p.db?mode=rwc",
+            "cannot open the database",
+            "",
+        ),
+        ("PLANTSTORE_LISTEN", "not-an-address", "invalid value", ""),
+        ("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "soon", "invalid value", ""),
+        ("PLANTSTORE_MIGRATE", "false", "plants.id", ""),
+    ];
+    for (variable, value, expected, never) in cases {
+        let output = plantstore(dir.path(), &url)
+            .env(variable, value)
+            .arg("serve")
+            .output()
+            .expect("run");
+        let err = stderr(&output);
+        assert!(!output.status.success(), "{variable}={value}");
+        assert_eq!(err.lines().count(), 1, "{variable}={value}: {err}");
+        assert!(
+            err.starts_with("plantstore: ") && err.contains(expected),
+            "{variable}={value}: {err}"
+        );
+        assert!(!err.contains("panicked"));
+        if !never.is_empty() {
+            assert!(!err.contains(never), "no secrets in errors: {err}");
+        }
+    }
+}
+
+/// Starts `plantstore serve` on a free port; returns the child, its stdout banner (up to
+/// the Swagger UI line) and the base URL.
+fn serve(dir: &Path, database_url: &str) -> (Child, Vec<String>, String) {
+    let mut child = plantstore(dir, database_url)
+        .env("PLANTSTORE_LISTEN", "127.0.0.1:0")
+        .env("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "10s")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start");
+    let mut lines = Vec::new();
+    let reader = BufReader::new(child.stdout.take().expect("stdout"));
+    for line in reader.lines() {
+        let line = line.expect("utf-8");
+        let done = line.starts_with("Swagger UI: ");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    let base = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("Plant Store listening on "))
+        .expect("a listening line")
+        .to_owned();
+    (child, lines, base)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let (mut child, banner, base) = serve(dir.path(), &url);
+    let token = banner
+        .iter()
+        .find(|l| l.starts_with("pst_"))
+        .expect("the initial token is printed")
+        .clone();
+    assert!(
+        banner.iter().any(|l| l.contains("/docs")),
+        "the Swagger UI address is printed"
+    );
+    let pool = SqlitePool::connect(&url).await.expect("open");
+    pool.execute("INSERT INTO plants (id, name) VALUES (1, 'fern')")
+        .await
+        .expect("insert");
+    // Hold the write lock so the delete is still in flight when SIGTERM arrives.
+    let mut writer = pool.acquire().await.expect("connection");
+    writer.execute("BEGIN IMMEDIATE").await.expect("lock");
+    let in_flight = tokio::spawn(
+        reqwest::Client::new()
+            .delete(format!("{base}/plants/1"))
+            .bearer_auth(&token)
+            .send(),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    writer.execute("ROLLBACK").await.expect("unlock");
+
+    assert!(killed.success());
+    let answer = in_flight
+        .await
+        .expect("task")
+        .expect("the in-flight request is answered");
+    assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    drop(writer);
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM plants")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0);
+}
+
+#[test]
+fn the_initial_token_is_printed_on_the_first_start_only() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+
+    let (mut first, first_banner, _) = serve(dir.path(), &url);
+    let _ = first.kill();
+    let _ = first.wait();
+    let (mut second, second_banner, _) = serve(dir.path(), &url);
+    let _ = second.kill();
+    let _ = second.wait();
+
+    assert_eq!(
+        first_banner
+            .iter()
+            .filter(|l| l.starts_with("pst_"))
+            .count(),
+        1
+    );
+    assert!(
+        second_banner.iter().all(|l| !l.starts_with("pst_")),
+        "{second_banner:?}"
+    );
+}

@@ -1,0 +1,190 @@
+//! The served OpenAPI document means what the published contract means.
+
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, spawn_app};
+
+/// A copy of `shared/contract/openapi.json`; CI checks the copy is current.
+const CONTRACT: &str = include_str!("../contract/openapi.json");
+
+/// The statuses SPEC.md adds to the contract's 204 and 400, each with the Error schema.
+const EXTRA_ERROR_STATUSES: [&str; 7] = ["401", "403", "404", "405", "409", "500", "503"];
+
+#[tokio::test]
+async fn the_served_document_means_what_the_contract_says() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let contract: Value = serde_json::from_str(CONTRACT).expect("the contract is JSON");
+
+    for field in ["title", "version"] {
+        assert_eq!(
+            served["info"][field], contract["info"][field],
+            "info.{field}"
+        );
+    }
+    assert_eq!(
+        served["info"]["license"]["name"],
+        contract["info"]["license"]["name"]
+    );
+    assert_eq!(keys(&served["paths"]), keys(&contract["paths"]));
+    assert_eq!(
+        served["components"]["securitySchemes"]["bearerAuth"],
+        json!({ "type": "http", "scheme": "bearer" })
+            .merge_into(&served["components"]["securitySchemes"]["bearerAuth"]),
+    );
+
+    for (path, methods) in contract["paths"].as_object().expect("paths") {
+        assert_eq!(
+            keys(methods),
+            keys(&served["paths"][path]),
+            "methods of {path}"
+        );
+        for (method, expected) in methods.as_object().expect("operations") {
+            let actual = &served["paths"][path][method];
+            let at = format!("{method} {path}");
+            assert_eq!(parameters(actual), parameters(expected), "{at} parameters");
+            assert_eq!(
+                security(&served, actual),
+                security(&contract, expected),
+                "{at} security"
+            );
+            for (status, response) in expected["responses"].as_object().expect("responses") {
+                assert_eq!(
+                    body_schema(&served, &actual["responses"][status]),
+                    body_schema(&contract, response),
+                    "{at} {status}"
+                );
+            }
+            let error = body_schema(&contract, &expected["responses"]["400"]);
+            for status in EXTRA_ERROR_STATUSES {
+                assert_eq!(
+                    body_schema(&served, &actual["responses"][status]),
+                    error,
+                    "{at} {status}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_openapi_command_prints_the_served_document() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
+        .arg("openapi")
+        .env_clear()
+        .current_dir(tempfile::tempdir().expect("dir").path())
+        .output()
+        .expect("run plantstore openapi");
+
+    assert!(output.status.success());
+    let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
+    assert_eq!(printed, served);
+}
+
+fn keys(value: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = value
+        .as_object()
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    keys.sort();
+    keys
+}
+
+/// (name, in, required, type, format) of each parameter.
+fn parameters(operation: &Value) -> Vec<Value> {
+    let mut params: Vec<Value> = operation["parameters"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|p| {
+                    json!([
+                        p["name"],
+                        p["in"],
+                        p["required"],
+                        p["schema"]["type"],
+                        p["schema"]["format"]
+                    ])
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    params.sort_by_key(Value::to_string);
+    params
+}
+
+/// The operation's own security, else the document's.
+fn security<'a>(document: &'a Value, operation: &'a Value) -> &'a Value {
+    if operation["security"].is_null() {
+        &document["security"]
+    } else {
+        &operation["security"]
+    }
+}
+
+/// The JSON body schema of a response, with references resolved and descriptions dropped,
+/// or `null` when the response has no body. A missing response is `"missing"`.
+fn body_schema(document: &Value, response: &Value) -> Value {
+    if response.is_null() {
+        return json!("missing");
+    }
+    let content = &response["content"];
+    if content.is_null() {
+        return Value::Null;
+    }
+    assert_eq!(
+        keys(content),
+        ["application/json"],
+        "errors are application/json only"
+    );
+    normalize(document, &content["application/json"]["schema"])
+}
+
+fn normalize(document: &Value, schema: &Value) -> Value {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let pointer = reference.trim_start_matches('#');
+        return normalize(
+            document,
+            document.pointer(pointer).expect("the reference resolves"),
+        );
+    }
+    let mut required: Vec<String> = schema["required"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    required.sort();
+    let properties: serde_json::Map<String, Value> = schema["properties"]
+        .as_object()
+        .map(|props| {
+            props
+                .iter()
+                .map(|(name, prop)| (name.clone(), normalize(document, prop)))
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({ "type": schema["type"], "format": schema["format"], "required": required, "properties": properties })
+}
+
+trait MergeInto {
+    /// `self`'s fields laid over `base`, so extra fields of `base` (a description) are
+    /// ignored while every field of `self` must match.
+    fn merge_into(self, base: &Value) -> Value;
+}
+
+impl MergeInto for Value {
+    fn merge_into(self, base: &Value) -> Value {
+        let mut merged = base.clone();
+        if let (Some(target), Some(fields)) = (merged.as_object_mut(), self.as_object()) {
+            for (key, value) in fields {
+                target.insert(key.clone(), value.clone());
+            }
+        }
+        merged
+    }
+}

@@ -1,0 +1,105 @@
+//! Pointing the service at a database the owner already has, with its own plants table.
+
+use plantstore::startup::Application;
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::{Backend, TestDb, assert_error, spawn_app_on, test_config},
+    on_both_backends,
+};
+
+on_both_backends!(
+    an_existing_plants_table_is_kept_and_foreign_keys_give_409,
+    with_migrate_off_an_existing_schema_is_used_as_it_is,
+    with_migrate_off_a_database_without_plants_is_refused,
+    a_referenced_plant_is_409_in_a_fresh_database_too,
+);
+
+/// The owner's schema: more columns than the service knows, and an orders table that
+/// references plants.
+const OWNER_SCHEMA: &str = "
+    CREATE TABLE plants (id BIGINT PRIMARY KEY, name TEXT NOT NULL, species TEXT NOT NULL, price NUMERIC);
+    CREATE TABLE orders (id BIGINT PRIMARY KEY, plant_id BIGINT NOT NULL REFERENCES plants (id));
+    INSERT INTO plants (id, name, species, price) VALUES (1, 'fern', 'Nephrolepis', 9.5), (2, 'ivy', 'Hedera', 4);
+    INSERT INTO orders (id, plant_id) VALUES (10, 1);
+";
+
+async fn an_existing_plants_table_is_kept_and_foreign_keys_give_409(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.execute(OWNER_SCHEMA).await;
+    let app = spawn_app_on(db, |_| {}).await;
+
+    let body = assert_error(app.delete("1").await, StatusCode::CONFLICT).await;
+    assert_eq!(app.delete("2").await.status(), StatusCode::NO_CONTENT);
+
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("Plant 1"))
+    );
+    assert!(app.db.plant_exists(1).await, "a referenced plant stays");
+    assert_eq!(
+        app.db
+            .scalar("SELECT COUNT(*) FROM orders WHERE plant_id = $1", 1)
+            .await,
+        1
+    );
+    assert!(
+        app.db.deletions(1).await.is_empty(),
+        "no audit row for a refused delete"
+    );
+    assert_eq!(
+        app.db
+            .scalar(
+                "SELECT COUNT(*) FROM plants WHERE species IS NOT NULL AND id <> $1",
+                2
+            )
+            .await,
+        1,
+        "the owner's columns are untouched"
+    );
+}
+
+async fn with_migrate_off_an_existing_schema_is_used_as_it_is(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.execute(OWNER_SCHEMA).await;
+    // The service's own tables come from one `plantstore migrate`, as the README says.
+    plantstore::startup::open_store(&test_config(&db.url))
+        .await
+        .expect("migrate")
+        .close()
+        .await;
+
+    let app = spawn_app_on(db, |config| config.migrate = false).await;
+
+    assert_eq!(app.delete("2").await.status(), StatusCode::NO_CONTENT);
+    assert_error(app.delete("1").await, StatusCode::CONFLICT).await;
+}
+
+async fn with_migrate_off_a_database_without_plants_is_refused(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let mut config = test_config(&db.url);
+    config.migrate = false;
+
+    let err = Application::build(&config)
+        .await
+        .err()
+        .expect("start is refused");
+
+    let line = plantstore::cli::one_line(&err);
+    assert!(line.contains("plants.id"), "{line}");
+    assert!(!line.contains('\n'));
+}
+
+async fn a_referenced_plant_is_409_in_a_fresh_database_too(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let app = spawn_app_on(db, |_| {}).await;
+    app.add_plants(&[5]).await;
+    app.db
+        .execute("CREATE TABLE reviews (id BIGINT PRIMARY KEY, plant_id BIGINT REFERENCES plants (id)); INSERT INTO reviews VALUES (1, 5);")
+        .await;
+
+    assert_error(app.delete("5").await, StatusCode::CONFLICT).await;
+
+    assert!(app.db.plant_exists(5).await);
+}

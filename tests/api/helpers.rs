@@ -1,0 +1,278 @@
+//! Test harness: a fresh database per test, the real app served on a free port, and the
+//! checks every error response must pass.
+
+use std::{future, time::Duration};
+
+use plantstore::{
+    config::{Config, LogFormat},
+    startup::Application,
+};
+use reqwest::{Response, StatusCode, header};
+use serde_json::Value;
+use sqlx::{Connection, Executor, PgConnection, PgPool, SqlitePool};
+
+/// Where the PostgreSQL tests create their databases; CI sets it, and without it they use
+/// the local server. They never skip: an unreachable server fails them.
+const POSTGRES_URL_VAR: &str = "PLANTSTORE_TEST_POSTGRES_URL";
+const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each named `async fn name(backend: Backend)` once per backend, as the tests
+/// `name::sqlite` and `name::postgres`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name($crate::helpers::Backend::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name($crate::helpers::Backend::Postgres).await
+            }
+        }
+    )*};
+}
+
+/// A database made for one test, and a pool of the test's own to set it up and inspect it.
+pub struct TestDb {
+    pub url: String,
+    pub pool: DbPool,
+    /// Keeps the SQLite file's folder alive as long as the test.
+    _dir: Option<tempfile::TempDir>,
+}
+
+pub enum DbPool {
+    Sqlite(SqlitePool),
+    Postgres(PgPool),
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> Self {
+        match backend {
+            Backend::Sqlite => {
+                let dir = tempfile::tempdir().expect("temp dir");
+                let url = format!(
+                    "sqlite://{}?mode=rwc",
+                    dir.path().join("plantstore.db").display()
+                );
+                let pool = SqlitePool::connect(&url)
+                    .await
+                    .expect("open the test SQLite file");
+                Self {
+                    url,
+                    pool: DbPool::Sqlite(pool),
+                    _dir: Some(dir),
+                }
+            }
+            Backend::Postgres => {
+                let admin = postgres_admin_url();
+                let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|err| {
+                    panic!("the PostgreSQL tests need a server: set {POSTGRES_URL_VAR} (tried {admin}): {err}")
+                });
+                let name = format!("plantstore_test_{}", uuid::Uuid::new_v4().simple());
+                conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                    .await
+                    .expect("create the test database");
+                let url = with_database(&admin, &name);
+                let pool = PgPool::connect(&url)
+                    .await
+                    .expect("connect to the test database");
+                Self {
+                    url,
+                    pool: DbPool::Postgres(pool),
+                    _dir: None,
+                }
+            }
+        }
+    }
+
+    /// Runs setup SQL (one or more statements).
+    pub async fn execute(&self, sql: &'static str) {
+        match &self.pool {
+            DbPool::Sqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+            DbPool::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
+        }
+        .unwrap_or_else(|err| panic!("setup SQL failed: {err}\n{sql}"));
+    }
+
+    /// A count-like query with one `$1` argument.
+    pub async fn scalar(&self, sql: &'static str, arg: i64) -> i64 {
+        match &self.pool {
+            DbPool::Sqlite(pool) => sqlx::query_scalar(sql).bind(arg).fetch_one(pool).await,
+            DbPool::Postgres(pool) => sqlx::query_scalar(sql).bind(arg).fetch_one(pool).await,
+        }
+        .unwrap_or_else(|err| panic!("query failed: {err}\n{sql}"))
+    }
+
+    pub async fn plant_exists(&self, id: i64) -> bool {
+        self.scalar("SELECT COUNT(*) FROM plants WHERE id = $1", id)
+            .await
+            == 1
+    }
+
+    /// (token name, request id) of each audit row for a plant.
+    pub async fn deletions(&self, plant_id: i64) -> Vec<(String, String)> {
+        let sql = "SELECT token_name, request_id FROM plantstore_deletions WHERE plant_id = $1";
+        match &self.pool {
+            DbPool::Sqlite(pool) => sqlx::query_as(sql).bind(plant_id).fetch_all(pool).await,
+            DbPool::Postgres(pool) => sqlx::query_as(sql).bind(plant_id).fetch_all(pool).await,
+        }
+        .expect("read the audit table")
+    }
+
+    /// The same database reached through another host and port (a proxy).
+    pub fn url_via(&self, host_port: &str) -> String {
+        let (scheme_user, rest) = self
+            .url
+            .split_once('@')
+            .expect("a PostgreSQL URL with a user");
+        let (_, path) = rest
+            .split_once('/')
+            .expect("a PostgreSQL URL with a database");
+        format!("{scheme_user}@{host_port}/{path}")
+    }
+}
+
+fn postgres_admin_url() -> String {
+    std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
+}
+
+/// The admin URL with its database swapped for `name`, keeping any query string.
+fn with_database(admin: &str, name: &str) -> String {
+    let (base, query) = admin
+        .split_once('?')
+        .map_or((admin, None), |(b, q)| (b, Some(q)));
+    let (server, _) = base
+        .rsplit_once('/')
+        .expect("a PostgreSQL URL ending in /DATABASE");
+    match query {
+        Some(query) => format!("{server}/{name}?{query}"),
+        None => format!("{server}/{name}"),
+    }
+}
+
+/// Settings as a user would have them, but on a free port and with short waits.
+pub fn test_config(database_url: &str) -> Config {
+    let Ok(database_url) = database_url.parse();
+    Config {
+        database_url,
+        listen: "127.0.0.1:0".parse().expect("address"),
+        migrate: true,
+        log_filter: "info".into(),
+        log_format: LogFormat::Text,
+        db_acquire_timeout: Duration::from_millis(1500),
+        db_max_connections: 5,
+        shutdown_grace: Duration::from_secs(1),
+        rate_limit: None,
+    }
+}
+
+/// The real app, served on a free port in this test's runtime.
+pub struct TestApp {
+    pub address: String,
+    pub client: reqwest::Client,
+    /// The `initial` token the first start printed.
+    pub token: String,
+    pub db: TestDb,
+}
+
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_app_on(TestDb::new(backend).await, |_| {}).await
+}
+
+/// Serves the app on `db` with settings changed by `tweak`.
+pub async fn spawn_app_on(db: TestDb, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    let mut config = test_config(&db.url);
+    tweak(&mut config);
+    let app = Application::build(&config).await.expect("the app starts");
+    let token = app
+        .initial_token()
+        .expect("a fresh database gets an initial token")
+        .to_owned();
+    let address = format!("http://{}", app.address());
+    tokio::spawn(app.run_until_stopped(future::pending()));
+    TestApp {
+        address,
+        client: reqwest::Client::new(),
+        token,
+        db,
+    }
+}
+
+impl TestApp {
+    /// Inserts plants straight into the table, as the owner's own software would.
+    pub async fn add_plants(&self, ids: &[i64]) {
+        for &id in ids {
+            let sql = "INSERT INTO plants (id, name) VALUES ($1, 'fern')";
+            match &self.db.pool {
+                DbPool::Sqlite(pool) => sqlx::query(sql).bind(id).execute(pool).await.map(drop),
+                DbPool::Postgres(pool) => sqlx::query(sql).bind(id).execute(pool).await.map(drop),
+            }
+            .expect("insert a plant");
+        }
+    }
+
+    /// `DELETE /plants/{raw_id}` with the app's token.
+    pub async fn delete(&self, raw_id: &str) -> Response {
+        self.delete_with(raw_id, Some(&self.token)).await
+    }
+
+    pub async fn delete_with(&self, raw_id: &str, token: Option<&str>) -> Response {
+        let mut request = self
+            .client
+            .delete(format!("{}/plants/{raw_id}", self.address));
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        request.send().await.expect("the server answers")
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(format!("{}{path}", self.address))
+            .send()
+            .await
+            .expect("the server answers")
+    }
+}
+
+/// Checks what every error must look like and returns its body.
+pub async fn assert_error(response: Response, status: StatusCode) -> Value {
+    assert_eq!(response.status(), status);
+    assert_eq!(
+        response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().ok()),
+        Some(Some("application/json")),
+        "errors are application/json"
+    );
+    assert_request_id(&response);
+    let body: Value = response.json().await.expect("a JSON body");
+    let fields = body.as_object().expect("a JSON object");
+    assert_eq!(fields.len(), 2, "exactly error and message: {body}");
+    assert_eq!(body["error"], i64::from(status.as_u16()), "{body}");
+    let message = body["message"].as_str().expect("message is a string");
+    assert!(
+        message.ends_with('.') && message.len() > 10,
+        "a plain sentence: {message}"
+    );
+    body
+}
+
+pub fn assert_request_id(response: &Response) -> String {
+    let id = response
+        .headers()
+        .get("x-request-id")
+        .expect("every response has x-request-id");
+    let id = id.to_str().expect("visible ASCII").to_owned();
+    assert!(!id.is_empty());
+    id
+}

@@ -1,0 +1,12 @@
+//! One integration-test binary: the real server against real SQLite files and PostgreSQL.
+
+mod helpers;
+
+mod auth;
+mod cli;
+mod contract;
+mod delete;
+mod existing_database;
+mod ops;
+mod outage;
+mod routing;

@@ -1,0 +1,79 @@
+//! Errors from the routing layer and from panics share the `Error` shape.
+
+use reqwest::{Method, StatusCode, header};
+
+use crate::{
+    helpers::{Backend, assert_error, assert_request_id, spawn_app},
+    on_both_backends,
+};
+
+on_both_backends!(unknown_paths_are_404, other_methods_are_405_with_allow);
+
+async fn unknown_paths_are_404(backend: Backend) {
+    let app = spawn_app(backend).await;
+
+    for path in ["/", "/plants", "/plants/", "/plants/1/leaves", "/nothing"] {
+        let response = app
+            .client
+            .delete(format!("{}{path}", app.address))
+            .bearer_auth(&app.token)
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{path}");
+        assert_error(response, StatusCode::NOT_FOUND).await;
+    }
+}
+
+async fn other_methods_are_405_with_allow(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.add_plants(&[1]).await;
+
+    for method in [Method::GET, Method::POST, Method::PUT, Method::PATCH] {
+        let response = app
+            .client
+            .request(method.clone(), format!("{}/plants/1", app.address))
+            .bearer_auth(&app.token)
+            .send()
+            .await
+            .expect("answer");
+        let allow = response.headers().get(header::ALLOW).cloned();
+        assert_error(response, StatusCode::METHOD_NOT_ALLOWED).await;
+        assert_eq!(
+            allow.as_ref().map(|v| v.to_str().ok()),
+            Some(Some("DELETE")),
+            "{method}"
+        );
+    }
+    assert!(app.db.plant_exists(1).await);
+}
+
+#[poem::handler]
+fn panicking() -> &'static str {
+    panic!("a bug in a handler")
+}
+
+/// A panic cannot be provoked through the real routes, so a panicking handler is wrapped in
+/// the very middleware the app uses.
+#[tokio::test]
+async fn a_panic_is_a_500_error_without_internals() {
+    let app =
+        plantstore::app::with_middleware(poem::Route::new().at("/boom", poem::get(panicking)));
+    let acceptor =
+        poem::listener::Listener::into_acceptor(poem::listener::TcpListener::bind("127.0.0.1:0"))
+            .await
+            .expect("bind");
+    let address = poem::listener::Acceptor::local_addr(&acceptor)[0]
+        .as_socket_addr()
+        .copied()
+        .expect("socket address");
+    tokio::spawn(poem::Server::new_with_acceptor(acceptor).run(app));
+
+    let response = reqwest::get(format!("http://{address}/boom"))
+        .await
+        .expect("answer");
+
+    assert_request_id(&response);
+    let body = assert_error(response, StatusCode::INTERNAL_SERVER_ERROR).await;
+    assert!(!body.to_string().contains("a bug in a handler"));
+}
