@@ -57,9 +57,35 @@ pub struct Config {
           value_parser = parse_duration, global = true)]
     pub shutdown_grace: Duration,
 
-    /// Requests per second per token; over it the answer is 429 (unset: no limit)
-    #[arg(long, env = "PLANTSTORE_RATE_LIMIT", global = true)]
-    pub rate_limit: Option<NonZeroU32>,
+    /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
+    #[arg(
+        long,
+        env = "PLANTSTORE_RATE_LIMIT",
+        default_value = "off",
+        global = true
+    )]
+    pub rate_limit: RateLimit,
+}
+
+/// `PLANTSTORE_RATE_LIMIT`: a positive number of requests per second, or off. Empty reads
+/// as off, so `PLANTSTORE_RATE_LIMIT=` in a compose file or `.env` does what it looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit(pub Option<NonZeroU32>);
+
+impl FromStr for RateLimit {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "" | "off" => Ok(Self(None)),
+            number => number
+                .parse::<NonZeroU32>()
+                .map(|rate| Self(Some(rate)))
+                .map_err(|_| {
+                    "write a whole number of requests per second, such as 100, or off".into()
+                }),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -189,6 +215,15 @@ mod tests {
             in_query.to_string(),
             "postgres://db/plants?user=app&password=***&sslmode=require"
         );
+    }
+
+    #[test]
+    fn an_empty_rate_limit_is_off() {
+        assert_eq!("".parse(), Ok(RateLimit(None)));
+        assert_eq!("off".parse(), Ok(RateLimit(None)));
+        assert_eq!("100".parse(), Ok(RateLimit(NonZeroU32::new(100))));
+        assert!("0".parse::<RateLimit>().is_err());
+        assert!("fast".parse::<RateLimit>().is_err());
     }
 
     #[test]

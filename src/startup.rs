@@ -45,6 +45,7 @@ impl Application {
             store,
             rate_limiter: config
                 .rate_limit
+                .0
                 .map(|rate| Arc::new(RateLimiter::new(rate))),
         };
         Ok(Self {

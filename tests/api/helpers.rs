@@ -4,7 +4,7 @@
 use std::{future, time::Duration};
 
 use plantstore::{
-    config::{Config, LogFormat},
+    config::{Config, LogFormat, RateLimit},
     startup::Application,
 };
 use reqwest::{Response, StatusCode, header};
@@ -170,7 +170,7 @@ pub fn test_config(database_url: &str) -> Config {
         db_acquire_timeout: Duration::from_millis(1500),
         db_max_connections: 5,
         shutdown_grace: Duration::from_secs(1),
-        rate_limit: None,
+        rate_limit: RateLimit(None),
     }
 }
 
