@@ -46,6 +46,8 @@ pub struct TestDb {
     pub pool: DbPool,
     /// Keeps the SQLite file's folder alive as long as the test.
     _dir: Option<tempfile::TempDir>,
+    /// The PostgreSQL database to drop when the test ends.
+    postgres_name: Option<String>,
 }
 
 pub enum DbPool {
@@ -69,6 +71,7 @@ impl TestDb {
                     url,
                     pool: DbPool::Sqlite(pool),
                     _dir: Some(dir),
+                    postgres_name: None,
                 }
             }
             Backend::Postgres => {
@@ -88,6 +91,7 @@ impl TestDb {
                     url,
                     pool: DbPool::Postgres(pool),
                     _dir: None,
+                    postgres_name: Some(name),
                 }
             }
         }
@@ -137,6 +141,31 @@ impl TestDb {
             .split_once('/')
             .expect("a PostgreSQL URL with a database");
         format!("{scheme_user}@{host_port}/{path}")
+    }
+}
+
+impl Drop for TestDb {
+    /// Drops the test's PostgreSQL database (the app may still hold connections, hence
+    /// FORCE). Runs on its own thread and runtime because `Drop` cannot await.
+    fn drop(&mut self) {
+        let Some(name) = self.postgres_name.take() else {
+            return;
+        };
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                let mut conn = PgConnection::connect(&postgres_admin_url()).await.ok()?;
+                let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                conn.execute(sqlx::AssertSqlSafe(sql)).await.ok()
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Some(_))) {
+            eprintln!("could not drop a test database; `.ci/run` drops leftovers");
+        }
     }
 }
 
