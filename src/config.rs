@@ -128,28 +128,38 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with any password replaced by `***`.
+    /// The URL with any password replaced by `***`. Built to be safe on malformed input
+    /// too (it is shown in the very error that says the URL is bad): without `://` only
+    /// the scheme shows, the user info ends at the last `@` (a password may hold `/`), and
+    /// every query parameter named like a password is masked.
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
-            return self.0.clone();
+            let scheme = self.0.split(':').next().unwrap_or_default();
+            return format!("{scheme}:***");
         };
-        let authority_end = rest.find('/').unwrap_or(rest.len());
-        let (authority, path) = rest.split_at(authority_end);
-        let authority = match authority.rsplit_once('@') {
+        let (main, query) = rest
+            .split_once('?')
+            .map_or((rest, None), |(m, q)| (m, Some(q)));
+        let main = match main.rsplit_once('@') {
             Some((userinfo, host)) => match userinfo.split_once(':') {
                 Some((user, _password)) => format!("{user}:***@{host}"),
-                None => authority.to_owned(),
+                None => main.to_owned(),
             },
-            None => authority.to_owned(),
+            None => main.to_owned(),
         };
-        let path = match path.split_once("password=") {
-            Some((before, after)) => {
-                let rest = after.find('&').map_or("", |end| &after[end..]);
-                format!("{before}password=***{rest}")
-            }
-            None => path.to_owned(),
+        let Some(query) = query else {
+            return format!("{scheme}://{main}");
         };
-        format!("{scheme}://{authority}{path}")
+        let query: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((key, _)) if key.to_ascii_lowercase().contains("password") => {
+                    format!("{key}=***")
+                }
+                _ => pair.to_owned(),
+            })
+            .collect();
+        format!("{scheme}://{main}?{}", query.join("&"))
     }
 }
 

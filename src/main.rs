@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{Parser, error::ErrorKind};
 use plantstore::{cli, telemetry};
 
 #[tokio::main]
@@ -10,7 +10,7 @@ async fn main() -> ExitCode {
     if let Err(err) = dotenvy::dotenv()
         && !err.not_found()
     {
-        return fail(&format!("cannot read .env: {err}"));
+        return fail(&dotenv_problem(&err));
     }
     let cli = match cli::Cli::try_parse() {
         Ok(cli) => cli,
@@ -19,11 +19,12 @@ async fn main() -> ExitCode {
             let _ = err.print();
             return ExitCode::SUCCESS;
         }
-        Err(err) => {
-            let rendered = err.render().to_string();
-            let first = rendered.lines().next().unwrap_or("invalid arguments");
-            return fail(first.trim_start_matches("error: "));
+        Err(err) if err.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            // `plantstore token` alone: the help of that command is the clearest answer.
+            let _ = err.print();
+            return ExitCode::FAILURE;
         }
+        Err(err) => return fail(&one_line_usage_error(&err)),
     };
     if let Err(message) = telemetry::init(&cli.config.log_filter, cli.config.log_format) {
         return fail(&message);
@@ -37,4 +38,26 @@ async fn main() -> ExitCode {
 fn fail(message: &str) -> ExitCode {
     eprintln!("plantstore: {message}");
     ExitCode::FAILURE
+}
+
+/// Clap's message without its usage and tips, on one line.
+fn one_line_usage_error(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.is_empty() && !line.starts_with("Usage:"))
+        .map(str::trim)
+        .collect();
+    message.join(" ").trim_start_matches("error: ").to_owned()
+}
+
+/// What is wrong with `.env`, without echoing a line that may hold a password.
+fn dotenv_problem(err: &dotenvy::Error) -> String {
+    match err {
+        dotenvy::Error::LineParse(line, at) => {
+            let key = line.split('=').next().unwrap_or_default().trim();
+            format!("cannot read .env: the line setting {key} is malformed at character {at}")
+        }
+        other => format!("cannot read .env: {other}"),
+    }
 }

@@ -29,9 +29,6 @@ pub struct Application {
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Self> {
         let store = open_store(config).await?;
-        let initial_token = tokens::ensure_initial(store.as_ref())
-            .await
-            .context("cannot create the initial token")?;
         let acceptor = TcpListener::bind(config.listen)
             .into_acceptor()
             .await
@@ -41,6 +38,11 @@ impl Application {
             .first()
             .and_then(|addr| addr.as_socket_addr().copied())
             .context("the listener has no socket address")?;
+        // Only once the port is ours: a start that fails to bind must not use up the one
+        // chance to show the initial token.
+        let initial_token = tokens::ensure_initial(store.as_ref())
+            .await
+            .context("cannot create the initial token")?;
         let state = AppState {
             store,
             rate_limiter: config

@@ -51,10 +51,13 @@ async fn bad_tokens_are_401_invalid_token(backend: Backend) {
         if app.token.ends_with('x') { 'y' } else { 'x' }
     );
 
+    // The last but one is well formed, with a lookup id no token has.
+    let unknown = format!("pst_{}_{}", "a".repeat(12), "b".repeat(40));
     for token in [
         "nope",
         "pst_",
         "pst_aaaaaaaaaaaa_bbbb",
+        &unknown,
         wrong_secret.as_str(),
     ] {
         assert_unauthorized(app.delete_with("1", Some(token)).await, true).await;

@@ -17,7 +17,6 @@ fn plantstore(dir: &Path, database_url: &str) -> Command {
         .env_clear()
         .env("DATABASE_URL", database_url)
         .env("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "1s")
-        .env("RUST_LOG", "warn")
         .current_dir(dir);
     command
 }
@@ -174,14 +173,19 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     }
 }
 
-/// Starts `plantstore serve` on a free port; returns the child, its stdout banner (up to
-/// the Swagger UI line) and the base URL.
+/// Starts `plantstore serve` on a free port, its logs going to `dir/stderr.log`; returns
+/// the child, its stdout banner (up to the Swagger UI line) and the base URL.
 fn serve(dir: &Path, database_url: &str) -> (Child, Vec<String>, String) {
-    let mut child = plantstore(dir, database_url)
+    serve_with(plantstore(dir, database_url), dir)
+}
+
+fn serve_with(mut command: Command, dir: &Path) -> (Child, Vec<String>, String) {
+    let log = std::fs::File::create(dir.join("stderr.log")).expect("log file");
+    let mut child = command
         .env("PLANTSTORE_LISTEN", "127.0.0.1:0")
         .env("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "10s")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(log)
         .spawn()
         .expect("start");
     let mut lines = Vec::new();
@@ -224,7 +228,7 @@ async fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
     let mut writer = pool.acquire().await.expect("connection");
     writer.execute("BEGIN IMMEDIATE").await.expect("lock");
     let in_flight = tokio::spawn(
-        reqwest::Client::new()
+        crate::helpers::http_client()
             .delete(format!("{base}/plants/1"))
             .bearer_auth(&token)
             .send(),
@@ -279,5 +283,102 @@ fn the_initial_token_is_printed_on_the_first_start_only() {
     assert!(
         second_banner.iter().all(|l| !l.starts_with("pst_")),
         "{second_banner:?}"
+    );
+}
+
+#[test]
+fn a_start_that_cannot_bind_keeps_the_initial_token_for_the_next_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = taken.local_addr().expect("address").to_string();
+
+    let refused = plantstore(dir.path(), &url)
+        .env("PLANTSTORE_LISTEN", &address)
+        .output()
+        .expect("run");
+    let (mut next, banner, _) = serve(dir.path(), &url);
+    let _ = next.kill();
+    let _ = next.wait();
+
+    assert!(!refused.status.success());
+    assert_eq!(stderr(&refused).lines().count(), 1, "{}", stderr(&refused));
+    assert!(
+        stderr(&refused).contains(&format!("cannot listen on {address}")),
+        "{}",
+        stderr(&refused)
+    );
+    assert_eq!(
+        banner.iter().filter(|l| l.starts_with("pst_")).count(),
+        1,
+        "{banner:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_carry_the_request_id_and_never_a_token() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let mut command = plantstore(dir.path(), &url);
+    command
+        .env("RUST_LOG", "trace")
+        .env("PLANTSTORE_LOG_FORMAT", "json");
+    let (mut child, banner, base) = serve_with(command, dir.path());
+    let token = banner
+        .iter()
+        .find(|l| l.starts_with("pst_"))
+        .expect("token")
+        .clone();
+    let secret = token.rsplit('_').next().expect("secret half").to_owned();
+    let client = crate::helpers::http_client();
+    let wrong = format!(
+        "{}{}",
+        &token[..token.len() - 1],
+        if token.ends_with('x') { 'y' } else { 'x' }
+    );
+
+    let answer = client
+        .delete(format!("{base}/plants/9"))
+        .bearer_auth(&token)
+        .header("x-request-id", "log-check-1")
+        .send()
+        .await
+        .expect("answer");
+    let refused = client
+        .delete(format!("{base}/plants/9"))
+        .bearer_auth(&wrong)
+        .send()
+        .await
+        .expect("answer");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+
+    assert_eq!(
+        (answer.status(), refused.status()),
+        (StatusCode::NOT_FOUND, StatusCode::UNAUTHORIZED)
+    );
+    assert_eq!(status.code(), Some(0));
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).expect("log");
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|_| panic!("a JSON line: {line}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|line| line["span"]["request_id"] == "log-check-1"
+                && line["fields"]["status"] == 404),
+        "the request's log line names its request id"
+    );
+    assert!(!log.contains(&secret), "the token's secret is never logged");
+    assert!(
+        !log.contains(&wrong[wrong.len() - 40..]),
+        "nor a presented one"
     );
 }

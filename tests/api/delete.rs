@@ -15,6 +15,7 @@ on_both_backends!(
     an_unknown_plant_is_404_and_nothing_changes,
     ids_that_are_not_int64_are_400,
     fifty_concurrent_deletes_of_one_id_give_one_204,
+    a_failing_audit_write_is_500_and_keeps_the_plant,
 );
 
 async fn deleting_a_plant_answers_204_and_audits_it(backend: Backend) {
@@ -114,4 +115,22 @@ async fn fifty_concurrent_deletes_of_one_id_give_one_204(backend: Backend) {
     );
     assert!(!app.db.plant_exists(42).await);
     assert_eq!(app.db.deletions(42).await.len(), 1);
+}
+
+async fn a_failing_audit_write_is_500_and_keeps_the_plant(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.add_plants(&[3]).await;
+    // Something the service cannot foresee: its audit table is gone.
+    app.db.execute("DROP TABLE plantstore_deletions").await;
+
+    let body = assert_error(app.delete("3").await, StatusCode::INTERNAL_SERVER_ERROR).await;
+
+    assert!(
+        app.db.plant_exists(3).await,
+        "the delete and its audit row commit together or not at all"
+    );
+    let message = body["message"].as_str().unwrap_or_default().to_lowercase();
+    for internal in ["plantstore_deletions", "sql", "table", "insert"] {
+        assert!(!message.contains(internal), "no internals leak: {message}");
+    }
 }

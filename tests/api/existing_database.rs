@@ -103,3 +103,19 @@ async fn a_referenced_plant_is_409_in_a_fresh_database_too(backend: Backend) {
 
     assert!(app.db.plant_exists(5).await);
 }
+
+/// SQLite: WAL is a property of the file, so it is visible from outside the service.
+#[tokio::test]
+async fn a_sqlite_database_is_put_in_wal_mode() {
+    let app = spawn_app_on(TestDb::new(Backend::Sqlite).await, |_| {}).await;
+    let crate::helpers::DbPool::Sqlite(pool) = &app.db.pool else {
+        unreachable!("a SQLite test")
+    };
+
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(pool)
+        .await
+        .expect("pragma");
+
+    assert_eq!(mode, "wal");
+}

@@ -229,10 +229,18 @@ pub async fn spawn_app_on(db: TestDb, tweak: impl FnOnce(&mut Config)) -> TestAp
     tokio::spawn(app.run_until_stopped(future::pending()));
     TestApp {
         address,
-        client: reqwest::Client::new(),
+        client: http_client(),
         token,
         db,
     }
+}
+
+/// A client that gives up rather than letting a test hang on a request that never ends.
+pub fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client")
 }
 
 impl TestApp {

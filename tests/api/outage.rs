@@ -82,6 +82,31 @@ async fn postgres_unreachable_is_503_then_recovers() {
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
 }
 
+/// PostgreSQL: another session holds the plant's row longer than the service waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_row_held_past_the_timeout_is_503_then_recovers() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = spawn_app_on(db, |config| {
+        config.db_acquire_timeout = std::time::Duration::from_millis(500)
+    })
+    .await;
+    app.add_plants(&[1]).await;
+    let DbPool::Postgres(pool) = &app.db.pool else {
+        unreachable!("a PostgreSQL test")
+    };
+    let mut holder = pool.begin().await.expect("a transaction");
+    holder
+        .execute("SELECT id FROM plants WHERE id = 1 FOR UPDATE")
+        .await
+        .expect("lock the row");
+
+    assert_unavailable(app.delete("1").await).await;
+    assert!(app.db.plant_exists(1).await);
+
+    holder.rollback().await.expect("release the row");
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+}
+
 /// A TCP forwarder whose cut closes every connection and refuses new ones.
 struct Proxy {
     address: SocketAddr,

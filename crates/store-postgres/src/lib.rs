@@ -5,7 +5,7 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeletionAudit, PoolSettings, Store, StoreError, TokenRecord, schema_verdict,
+    DeletionAudit, PoolSettings, Store, StoreError, TokenRecord, probe, schema_verdict,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -14,8 +14,12 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 /// SQLSTATE classes and codes after which the same request may well succeed later:
 /// connection exceptions, insufficient resources, operator intervention, and the
 /// serialization failures a retry resolves.
+/// Also lock_not_available and query_canceled: what `lock_timeout` (or a DBA's timeout)
+/// raises when another session holds the row too long.
 const TRANSIENT_CLASSES: [&str; 2] = ["08", "53"];
-const TRANSIENT_CODES: [&str; 5] = ["57P01", "57P02", "57P03", "40001", "40P01"];
+const TRANSIENT_CODES: [&str; 7] = [
+    "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "57014",
+];
 
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -31,7 +35,16 @@ impl PostgresStore {
                     "DATABASE_URL is not a usable PostgreSQL URL: {err}"
                 ))
             })?
-            .application_name("plantstore");
+            .application_name("plantstore")
+            // A delete blocked on a row another session holds gives up as a 503 after the
+            // same wait as for a connection, instead of holding its connection forever.
+            .options([(
+                "lock_timeout",
+                format!("{}ms", settings.acquire_timeout.as_millis()),
+            )]);
+        probe(&options, settings.acquire_timeout)
+            .await
+            .map_err(classify)?;
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)

@@ -5,7 +5,7 @@ use std::str::FromStr;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeletionAudit, PoolSettings, Store, StoreError, TokenRecord, schema_verdict,
+    DeletionAudit, PoolSettings, Store, StoreError, TokenRecord, probe, schema_verdict,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -36,6 +36,9 @@ impl SqliteStore {
             .foreign_keys(true)
             // A writer waits as long as a request may wait for a connection, then gets a 503.
             .busy_timeout(settings.acquire_timeout);
+        probe(&options, settings.acquire_timeout)
+            .await
+            .map_err(classify)?;
         let pool = SqlitePoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)

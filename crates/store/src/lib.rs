@@ -95,3 +95,20 @@ pub fn schema_verdict(has_plants_id: bool, has_own_tables: bool) -> Result<(), S
     }
     Ok(())
 }
+
+/// Opens and closes one connection, waiting at most `wait`.
+///
+/// Backends call it before building their pool: the pool retries a refused connection
+/// until its timeout and then reports only that it timed out, while a user needs the
+/// cause ("connection refused", "password authentication failed", "unable to open file").
+pub async fn probe<O>(options: &O, wait: std::time::Duration) -> Result<(), sqlx::Error>
+where
+    O: sqlx::ConnectOptions,
+    O::Connection: Sized,
+{
+    use sqlx::Connection;
+    match tokio::time::timeout(wait, options.connect()).await {
+        Ok(connection) => connection?.close().await,
+        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
+    }
+}
