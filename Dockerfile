@@ -21,7 +21,7 @@ ENV PLANTSTORE_LISTEN=0.0.0.0:8080 \
 EXPOSE 8080
 VOLUME ["/data"]
 # bash's /dev/tcp: the image needs no curl for its own health check.
-HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
+HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
   CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
 ENTRYPOINT ["plantstore"]
 CMD ["serve"]
