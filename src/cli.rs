@@ -89,7 +89,14 @@ impl Cli {
 }
 
 async fn serve(config: &Config) -> anyhow::Result<()> {
-    let app = Application::build(config).await?;
+    // Listening for signals from the start: a SIGTERM while connecting or migrating stops
+    // cleanly too (as PID 1 in a container, an unhandled one would be ignored).
+    let shutdown = startup::shutdown_signal();
+    tokio::pin!(shutdown);
+    let app = tokio::select! {
+        built = Application::build(config) => built?,
+        () = &mut shutdown => return Ok(()),
+    };
     let address = app.address();
     let shown_host = if address.ip().is_unspecified() {
         "localhost".to_owned()
@@ -107,7 +114,7 @@ async fn serve(config: &Config) -> anyhow::Result<()> {
         address.port()
     );
     println!("Swagger UI: http://{shown_host}:{}/docs", address.port());
-    app.run_until_stopped(startup::shutdown_signal()).await?;
+    app.run_until_stopped(shutdown).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -4,8 +4,10 @@ use std::collections::HashMap;
 
 use reqwest::{StatusCode, header};
 
+use plantstore::startup::Application;
+
 use crate::{
-    helpers::{Backend, assert_error, assert_request_id, spawn_app},
+    helpers::{Backend, assert_error, assert_request_id, spawn_app, test_config},
     on_both_backends,
 };
 
@@ -16,6 +18,7 @@ on_both_backends!(
     ids_that_are_not_int64_are_400,
     fifty_concurrent_deletes_of_one_id_give_one_204,
     a_failing_audit_write_is_500_and_keeps_the_plant,
+    two_instances_on_one_database_answer_as_one,
 );
 
 async fn deleting_a_plant_answers_204_and_audits_it(backend: Backend) {
@@ -133,4 +136,55 @@ async fn a_failing_audit_write_is_500_and_keeps_the_plant(backend: Backend) {
     for internal in ["plantstore_deletions", "sql", "table", "insert"] {
         assert!(!message.contains(internal), "no internals leak: {message}");
     }
+}
+
+async fn two_instances_on_one_database_answer_as_one(backend: Backend) {
+    let first = spawn_app(backend).await;
+    let second = Application::build(&test_config(&first.db.url))
+        .await
+        .expect("a second instance starts");
+    assert_eq!(
+        second.initial_token(),
+        None,
+        "the initial token is made once per database"
+    );
+    let second_address = format!("http://{}", second.address());
+    tokio::spawn(second.run_until_stopped(std::future::pending()));
+    first.add_plants(&[42]).await;
+
+    let answers = futures::future::join_all((0..50).map(|n| {
+        let base = if n % 2 == 0 {
+            &first.address
+        } else {
+            &second_address
+        };
+        first
+            .client
+            .delete(format!("{base}/plants/42"))
+            .bearer_auth(&first.token)
+            .send()
+    }))
+    .await;
+
+    let statuses: Vec<StatusCode> = answers
+        .into_iter()
+        .map(|a| a.expect("answer").status())
+        .collect();
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::NO_CONTENT)
+            .count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::NOT_FOUND)
+            .count(),
+        49,
+        "{statuses:?}"
+    );
+    assert_eq!(first.db.deletions(42).await.len(), 1);
 }

@@ -119,3 +119,31 @@ async fn a_sqlite_database_is_put_in_wal_mode() {
 
     assert_eq!(mode, "wal");
 }
+
+/// PostgreSQL with `sslmode=require`: every connection the service opens is TLS (rustls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_sslmode_require_connects_over_tls() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let url = format!("{}?sslmode=require", db.url);
+    let app = spawn_app_on(db, |config| {
+        config.database_url = url.parse().unwrap_or_else(|never| match never {});
+    })
+    .await;
+    app.add_plants(&[1]).await;
+
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+
+    let crate::helpers::DbPool::Postgres(pool) = &app.db.pool else {
+        unreachable!("a PostgreSQL test")
+    };
+    let (connections, encrypted): (i64, i64) = sqlx::query_as(
+        "SELECT COUNT(*), COUNT(*) FILTER (WHERE s.ssl)
+         FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid)
+         WHERE a.datname = current_database() AND a.application_name = 'plantstore'",
+    )
+    .fetch_one(pool)
+    .await
+    .expect("connection stats");
+    assert!(connections > 0, "the service holds connections");
+    assert_eq!(encrypted, connections, "all of them over TLS");
+}
