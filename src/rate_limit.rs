@@ -36,18 +36,10 @@ impl RateLimiter {
         let now = Instant::now();
         // A panic elsewhere while holding the lock leaves only counters behind: keep going.
         let mut buckets = self.buckets.lock().unwrap_or_else(PoisonError::into_inner);
-        if !buckets.contains_key(key) {
-            buckets.insert(
-                key.to_owned(),
-                Bucket {
-                    available: self.rate,
-                    refilled_at: now,
-                },
-            );
-        }
-        let Some(bucket) = buckets.get_mut(key) else {
-            return Ok(());
-        };
+        let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
+            available: self.rate,
+            refilled_at: now,
+        });
         let elapsed = now.duration_since(bucket.refilled_at).as_secs_f64();
         bucket.available = (bucket.available + elapsed * self.rate).min(self.rate);
         bucket.refilled_at = now;
