@@ -58,9 +58,10 @@ impl ApiError {
     /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
     /// `token_sent` and `path` describe the request, for the headers the answer needs.
     pub fn from_poem(err: poem::Error, token_sent: bool, path: &str) -> Self {
-        if err.is::<ApiError>() {
-            return err.downcast::<ApiError>().unwrap_or(ApiError::Internal);
-        }
+        let err = match err.downcast::<ApiError>() {
+            Ok(ours) => return ours,
+            Err(other) => other,
+        };
         if err.is::<ParsePathError>() {
             ApiError::InvalidPlantId
         } else if err.is::<AuthorizationError>() {

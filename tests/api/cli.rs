@@ -21,6 +21,14 @@ fn plantstore(dir: &Path, database_url: &str) -> Command {
     command
 }
 
+/// Runs one command to completion, as a user at a shell would.
+fn run(dir: &Path, database_url: &str, args: &[&str]) -> Output {
+    plantstore(dir, database_url)
+        .args(args)
+        .output()
+        .expect("run plantstore")
+}
+
 fn sqlite_url(dir: &Path) -> String {
     format!("sqlite://{}?mode=rwc", dir.join("plantstore.db").display())
 }
@@ -38,30 +46,16 @@ fn token_create_prints_the_token_alone_on_the_last_line_and_list_never_shows_it(
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
 
-    let created = plantstore(dir.path(), &url)
-        .args(["token", "create", "--name", "ci", "--expires-in", "90d"])
-        .output()
-        .expect("run");
-    let again = plantstore(dir.path(), &url)
-        .args(["token", "create", "--name", "ci"])
-        .output()
-        .expect("run");
-    let listed = plantstore(dir.path(), &url)
-        .args(["token", "list"])
-        .output()
-        .expect("run");
-    let revoked = plantstore(dir.path(), &url)
-        .args(["token", "revoke", "ci"])
-        .output()
-        .expect("run");
-    let unknown = plantstore(dir.path(), &url)
-        .args(["token", "revoke", "nobody"])
-        .output()
-        .expect("run");
-    let relisted = plantstore(dir.path(), &url)
-        .args(["token", "list"])
-        .output()
-        .expect("run");
+    let created = run(
+        dir.path(),
+        &url,
+        &["token", "create", "--name", "ci", "--expires-in", "90d"],
+    );
+    let again = run(dir.path(), &url, &["token", "create", "--name", "ci"]);
+    let listed = run(dir.path(), &url, &["token", "list"]);
+    let revoked = run(dir.path(), &url, &["token", "revoke", "ci"]);
+    let unknown = run(dir.path(), &url, &["token", "revoke", "nobody"]);
+    let relisted = run(dir.path(), &url, &["token", "list"]);
 
     assert!(created.status.success(), "{}", stderr(&created));
     let token = stdout(&created)
@@ -101,22 +95,10 @@ fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
 
-    let migrated = plantstore(dir.path(), &url)
-        .arg("migrate")
-        .output()
-        .expect("run");
-    let first = plantstore(dir.path(), &url)
-        .args(["seed", "--count", "3"])
-        .output()
-        .expect("run");
-    let second = plantstore(dir.path(), &url)
-        .args(["seed", "--count", "5"])
-        .output()
-        .expect("run");
-    let zero = plantstore(dir.path(), &url)
-        .args(["seed", "--count", "0"])
-        .output()
-        .expect("run");
+    let migrated = run(dir.path(), &url, &["migrate"]);
+    let first = run(dir.path(), &url, &["seed", "--count", "3"]);
+    let second = run(dir.path(), &url, &["seed", "--count", "5"]);
+    let zero = run(dir.path(), &url, &["seed", "--count", "0"]);
 
     assert!(migrated.status.success(), "{}", stderr(&migrated));
     assert!(stdout(&first).contains("added 3 "), "{}", stdout(&first));

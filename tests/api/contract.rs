@@ -27,11 +27,11 @@ async fn the_served_document_means_what_the_contract_says() {
         contract["info"]["license"]["name"]
     );
     assert_eq!(keys(&served["paths"]), keys(&contract["paths"]));
-    assert_eq!(
-        served["components"]["securitySchemes"]["bearerAuth"],
-        json!({ "type": "http", "scheme": "bearer" })
-            .merge_into(&served["components"]["securitySchemes"]["bearerAuth"]),
-    );
+    // Every field of the contract's scheme; the served one may add a description.
+    let served_scheme = &served["components"]["securitySchemes"]["bearerAuth"];
+    for (field, expected) in [("type", "http"), ("scheme", "bearer")] {
+        assert_eq!(served_scheme[field], expected, "bearerAuth.{field}");
+    }
 
     for (path, methods) in contract["paths"].as_object().expect("paths") {
         assert_eq!(
@@ -169,22 +169,4 @@ fn normalize(document: &Value, schema: &Value) -> Value {
         })
         .unwrap_or_default();
     json!({ "type": schema["type"], "format": schema["format"], "required": required, "properties": properties })
-}
-
-trait MergeInto {
-    /// `self`'s fields laid over `base`, so extra fields of `base` (a description) are
-    /// ignored while every field of `self` must match.
-    fn merge_into(self, base: &Value) -> Value;
-}
-
-impl MergeInto for Value {
-    fn merge_into(self, base: &Value) -> Value {
-        let mut merged = base.clone();
-        if let (Some(target), Some(fields)) = (merged.as_object_mut(), self.as_object()) {
-            for (key, value) in fields {
-                target.insert(key.clone(), value.clone());
-            }
-        }
-        merged
-    }
 }
