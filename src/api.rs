@@ -1,11 +1,12 @@
 //! The published operation, `DELETE /plants/{id}`, and the OpenAPI document around it.
 
-use chrono::Utc;
-use plantstore_store::{DeletionAudit, StoreError};
+use std::sync::Arc;
+
+use plantstore_store::{Deletion, StoreError};
 use poem::web::Data;
 use poem_openapi::{ApiResponse, LicenseObject, OpenApi, OpenApiService, param::Path};
 
-use crate::{app::AppState, auth::BearerAuth, error::ApiError, request_id::RequestId};
+use crate::{auth::BearerAuth, error::ApiError, request_id::RequestId, state::AppState};
 
 pub struct PlantsApi;
 
@@ -24,7 +25,7 @@ impl PlantsApi {
     // The bearer parameter comes first: an anonymous request must get 401 before its id
     // is even parsed.
     #[oai(path = "/plants/:id", method = "delete", operation_id = "deletePlant")]
-    #[tracing::instrument(name = "delete_plant", skip_all, fields(id = id.0, token = %auth.0.token_name))]
+    #[tracing::instrument(name = "delete_plant", level = "debug", skip_all, fields(id = id.0, token = %auth.0.token_name))]
     async fn delete_plant(
         &self,
         auth: BearerAuth,
@@ -33,12 +34,12 @@ impl PlantsApi {
         state: Data<&AppState>,
         request_id: Data<&RequestId>,
     ) -> Result<PlantDeleted, ApiError> {
-        let audit = DeletionAudit {
-            token_name: &auth.0.token_name,
-            request_id: request_id.as_str(),
-            deleted_at: Utc::now(),
+        let deletion = Deletion {
+            plant_id: id.0,
+            caller: Arc::clone(&auth.0.token_name),
+            request_id: request_id.as_str().to_owned(),
         };
-        match state.store.delete_plant(id.0, &audit).await {
+        match state.store.delete_plant(deletion).await {
             Ok(()) => Ok(PlantDeleted::Deleted),
             Err(StoreError::NotFound) => Err(ApiError::PlantNotFound(id.0)),
             Err(StoreError::Referenced) => Err(ApiError::PlantReferenced(id.0)),

@@ -1,20 +1,10 @@
 //! The app factory: routes, shared state and the middleware every response goes through.
 
-use std::sync::Arc;
-
-use plantstore_store::Store;
 use poem::{
     Endpoint, EndpointExt, Response, Route, error::ResponseError, get, middleware::CatchPanic,
 };
 
-use crate::{api, error::ApiError, middleware::RequestContext, ops, rate_limit::RateLimiter};
-
-/// What every request handler may reach.
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Arc<dyn Store>,
-    pub rate_limiter: Option<Arc<RateLimiter>>,
-}
+use crate::{api, error::ApiError, middleware::RequestContext, ops, state::AppState};
 
 /// The whole HTTP app the binary serves; tests serve this very value.
 pub fn build(state: AppState) -> impl Endpoint<Output = Response> {
@@ -37,13 +27,4 @@ pub fn with_middleware(endpoint: impl Endpoint + 'static) -> impl Endpoint<Outpu
             ApiError::Internal.as_response()
         }))
         .with(RequestContext)
-}
-
-/// The methods a path answers to, for the `Allow` header of a 405.
-pub fn allowed_methods(path: &str) -> &'static str {
-    if path.starts_with("/plants/") {
-        "DELETE"
-    } else {
-        "GET"
-    }
 }

@@ -5,8 +5,8 @@ use poem::Request;
 use poem_openapi::{SecurityScheme, auth::Bearer};
 
 use crate::{
-    app::AppState,
     error::ApiError,
+    state::AppState,
     tokens::{self, Caller, Rejection},
 };
 
@@ -17,7 +17,7 @@ pub struct BearerAuth(pub Caller);
 
 async fn authenticate(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
     let state = req.data::<AppState>().ok_or(ApiError::Internal)?;
-    let caller = match tokens::verify(state.store.as_ref(), &bearer.token, Utc::now()).await {
+    let caller = match tokens::verify(&state.tokens, &bearer.token, Utc::now()).await {
         Ok(caller) => caller,
         Err(Rejection::Invalid) => return Err(ApiError::Unauthorized { token_sent: true }.into()),
         Err(Rejection::Store(err)) => return Err(ApiError::from(err).into()),

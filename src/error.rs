@@ -70,7 +70,7 @@ impl ApiError {
             ApiError::RouteNotFound
         } else if err.is::<MethodNotAllowedError>() {
             ApiError::MethodNotAllowed {
-                allow: crate::app::allowed_methods(path),
+                allow: crate::routes::allowed_methods(path),
             }
         } else if err.status().is_server_error() {
             tracing::error!(error = %err, "unexpected error");
@@ -122,6 +122,10 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(error = %cause, "database unavailable");
+                ApiError::Unavailable
+            }
+            StoreError::Stopped => {
+                tracing::warn!("the store stopped before answering");
                 ApiError::Unavailable
             }
             other => {

@@ -6,7 +6,7 @@ use poem::{
 };
 use serde_json::{Value, json};
 
-use crate::{app::AppState, error::ApiError};
+use crate::{error::ApiError, state::AppState};
 
 /// 200 while the process runs.
 #[handler]

@@ -9,12 +9,7 @@ use poem::{
     listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
 };
 
-use crate::{
-    app::{self, AppState},
-    config::Config,
-    rate_limit::RateLimiter,
-    store, tokens,
-};
+use crate::{app, config::Config, rate_limit::RateLimiter, state::AppState, store, tokens};
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
 /// so `run_until_stopped` only serves.
@@ -43,13 +38,11 @@ impl Application {
         let initial_token = tokens::ensure_initial(store.as_ref())
             .await
             .context("cannot create the initial token")?;
-        let state = AppState {
-            store,
-            rate_limiter: config
-                .rate_limit
-                .0
-                .map(|rate| Arc::new(RateLimiter::new(rate))),
-        };
+        let rate_limiter = config
+            .rate_limit
+            .0
+            .map(|rate| Arc::new(RateLimiter::new(rate)));
+        let state = AppState::new(store, rate_limiter);
         Ok(Self {
             acceptor,
             address,

@@ -1,13 +1,15 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
 
-use std::str::FromStr;
+use std::{str::FromStr, sync::Arc};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeletionAudit, PoolSettings, Store, StoreError, TokenRecord, probe, schema_verdict,
+    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, Store, StoreError, TokenRecord, probe,
+    schema_verdict,
 };
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::sync::Semaphore;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -21,9 +23,17 @@ const TRANSIENT_CODES: [&str; 7] = [
     "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "57014",
 ];
 
+/// How many group commits one instance keeps in flight, each on its own connection.
+/// PostgreSQL already shares one WAL flush among concurrent commits, so a few lanes add
+/// to batching; more would only take connections from everything else.
+pub fn batch_lanes(max_connections: u32) -> usize {
+    (max_connections / 2).clamp(1, 4) as usize
+}
+
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    batcher: Batcher,
 }
 
 impl PostgresStore {
@@ -48,10 +58,23 @@ impl PostgresStore {
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
+            // A dead connection fails its statement and is dropped; a ping before every
+            // use would add a round trip to each request to find that out sooner.
+            .test_before_acquire(false)
             .connect_with(options)
             .await
             .map_err(classify)?;
-        Ok(Self { pool })
+        let lanes = batch_lanes(settings.max_connections);
+        let writer = PgWriter {
+            pool: pool.clone(),
+            alone: Semaphore::new(
+                (settings.max_connections as usize)
+                    .saturating_sub(lanes)
+                    .max(1),
+            ),
+        };
+        let batcher = Batcher::start(Arc::new(writer), lanes);
+        Ok(Self { pool, batcher })
     }
 }
 
@@ -64,6 +87,88 @@ fn classify(err: sqlx::Error) -> StoreError {
                     .any(|class| code.starts_with(class))
         })
     })
+}
+
+/// Commits the batches: each is one autocommit statement, so one round trip.
+struct PgWriter {
+    pool: PgPool,
+    /// Deletions waiting alone for a held row may take only the connections the batch
+    /// lanes do not need.
+    alone: Semaphore,
+}
+
+#[async_trait]
+impl BatchWriter for PgWriter {
+    #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
+        let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
+        let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
+        let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
+        // `present` reads the statement's snapshot; `locked` takes the rows no other
+        // session holds. A row present but not locked is held elsewhere (or was deleted
+        // by a commit after the snapshot): it is retried alone, not waited for here.
+        let rows = sqlx::query!(
+            r#"WITH batch AS (
+                   SELECT b.plant_id, b.caller, b.request_id, b.ord
+                   FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[])
+                        WITH ORDINALITY AS b (plant_id, caller, request_id, ord)
+               ),
+               present AS (SELECT id FROM plants WHERE id = ANY ($1)),
+               locked AS (SELECT id FROM plants WHERE id = ANY ($1) FOR UPDATE SKIP LOCKED),
+               deleted AS (DELETE FROM plants WHERE id IN (SELECT id FROM locked) RETURNING id),
+               audited AS (
+                   INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
+                   SELECT batch.plant_id, batch.caller, batch.request_id, now()
+                   FROM batch JOIN deleted ON deleted.id = batch.plant_id
+                   RETURNING plant_id
+               )
+               SELECT batch.plant_id IN (SELECT plant_id FROM audited) AS "deleted!",
+                      batch.plant_id IN (SELECT id FROM present) AS "present!"
+               FROM batch ORDER BY batch.ord"#,
+            &ids,
+            &callers as &[&str],
+            &request_ids as &[&str],
+        )
+        .fetch_all(&self.pool)
+        .await
+        .map_err(classify)?;
+        Ok(rows
+            .into_iter()
+            .map(|row| match (row.deleted, row.present) {
+                (true, _) => Outcome::Deleted,
+                (false, true) => Outcome::Held,
+                (false, false) => Outcome::NotFound,
+            })
+            .collect())
+    }
+
+    #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id))]
+    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError> {
+        let _permit = self
+            .alone
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Stopped)?;
+        // Waits for a held row up to `lock_timeout`; a concurrent delete of the same row
+        // commits first and this one then finds nothing: one 204.
+        let deleted = sqlx::query_scalar!(
+            "WITH deleted AS (DELETE FROM plants WHERE id = $1 RETURNING id)
+             INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
+             SELECT id, $2, $3, now() FROM deleted
+             RETURNING plant_id",
+            deletion.plant_id,
+            deletion.caller.as_ref(),
+            deletion.request_id,
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(classify)?;
+        Ok(if deleted.is_some() {
+            Outcome::Deleted
+        } else {
+            Outcome::NotFound
+        })
+    }
 }
 
 #[async_trait]
@@ -99,31 +204,9 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    #[tracing::instrument(skip(self, audit), fields(request_id = audit.request_id))]
-    async fn delete_plant(&self, id: i64, audit: &DeletionAudit<'_>) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await.map_err(classify)?;
-        // A concurrent delete of the same row waits on its lock, then sees 0 rows: one 204.
-        let deleted = sqlx::query!("DELETE FROM plants WHERE id = $1", id)
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
-        if deleted.rows_affected() == 0 {
-            tx.rollback().await.map_err(classify)?;
-            return Err(StoreError::NotFound);
-        }
-        sqlx::query!(
-            "INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-             VALUES ($1, $2, $3, $4)",
-            id,
-            audit.token_name,
-            audit.request_id,
-            audit.deleted_at,
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
-        // Deferred foreign keys are checked here; `classify` still reports them by kind.
-        tx.commit().await.map_err(classify)
+    #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]
+    async fn delete_plant(&self, deletion: Deletion) -> Result<(), StoreError> {
+        self.batcher.delete(deletion).await
     }
 
     #[tracing::instrument(skip(self))]
@@ -158,20 +241,7 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    #[tracing::instrument(skip(self))]
-    async fn find_token(&self, lookup_id: &str) -> Result<Option<TokenRecord>, StoreError> {
-        sqlx::query_as!(
-            TokenRecord,
-            "SELECT name, lookup_id, secret_hash, created_at, expires_at, revoked_at
-             FROM plantstore_tokens WHERE lookup_id = $1",
-            lookup_id
-        )
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(classify)
-    }
-
-    #[tracing::instrument(skip(self))]
+    #[tracing::instrument(level = "debug", skip(self))]
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
         sqlx::query_as!(
             TokenRecord,

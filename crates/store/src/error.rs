@@ -1,8 +1,12 @@
 //! The one error type every backend reports, sorted by what a caller can do about it.
 
+use std::sync::Arc;
+
 use sqlx::error::ErrorKind;
 
-#[derive(Debug, thiserror::Error)]
+/// Cloneable, so one failed group commit can answer every request in it; the driver's
+/// error is shared, not copied.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("not found")]
     NotFound,
@@ -18,7 +22,7 @@ pub enum StoreError {
     /// The database cannot be reached now, or no connection freed up in time; retrying
     /// later may succeed.
     #[error("the database is unavailable: {0}")]
-    Unavailable(#[source] sqlx::Error),
+    Unavailable(#[source] Arc<sqlx::Error>),
 
     /// The connection settings cannot be used (for example a malformed URL).
     #[error("{0}")]
@@ -29,10 +33,20 @@ pub enum StoreError {
     Schema(String),
 
     #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(#[source] Arc<sqlx::migrate::MigrateError>),
+
+    /// The store is shutting down, or a worker of it stopped before answering.
+    #[error("the store stopped before answering")]
+    Stopped,
 
     #[error("database error: {0}")]
-    Other(#[source] sqlx::Error),
+    Other(#[source] Arc<sqlx::Error>),
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(err: sqlx::migrate::MigrateError) -> Self {
+        StoreError::Migrate(Arc::new(err))
+    }
 }
 
 impl StoreError {
@@ -46,16 +60,16 @@ impl StoreError {
             sqlx::Error::Database(db) => match db.kind() {
                 ErrorKind::ForeignKeyViolation => StoreError::Referenced,
                 ErrorKind::UniqueViolation => StoreError::Duplicate,
-                _ if is_transient(db.as_ref()) => StoreError::Unavailable(err),
-                _ => StoreError::Other(err),
+                _ if is_transient(db.as_ref()) => StoreError::Unavailable(Arc::new(err)),
+                _ => StoreError::Other(Arc::new(err)),
             },
             sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
-            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(err),
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(Arc::new(err)),
             sqlx::Error::RowNotFound => StoreError::NotFound,
-            _ => StoreError::Other(err),
+            _ => StoreError::Other(Arc::new(err)),
         }
     }
 }

@@ -1,20 +1,24 @@
 //! The storage interface the service talks to, the same for every database backend.
 
-use std::fmt::Debug;
+use std::{fmt::Debug, sync::Arc};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+mod batcher;
 mod error;
 
+pub use batcher::{BatchWriter, Batcher, MAX_BATCH, Outcome};
 pub use error::StoreError;
 
-/// Who deleted a plant and in answer to which request; written beside the delete.
+/// A request to delete one plant, with what its audit row records: who asked, and in
+/// answer to which HTTP request. The store stamps the time when it commits.
 #[derive(Debug, Clone)]
-pub struct DeletionAudit<'a> {
-    pub token_name: &'a str,
-    pub request_id: &'a str,
-    pub deleted_at: DateTime<Utc>,
+pub struct Deletion {
+    pub plant_id: i64,
+    /// The token's name.
+    pub caller: Arc<str>,
+    pub request_id: String,
 }
 
 /// A stored API token: everything but the secret, which is never stored.
@@ -45,19 +49,18 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Answers once the database answers a trivial query.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Deletes one plant and records who did it, in one transaction.
+    /// Deletes one plant and writes its audit row, committed together and durably before
+    /// it returns; concurrent calls share commits (see [`Batcher`]).
     ///
     /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
     /// another table still points at it (then nothing is deleted).
-    async fn delete_plant(&self, id: i64, audit: &DeletionAudit<'_>) -> Result<(), StoreError>;
+    async fn delete_plant(&self, deletion: Deletion) -> Result<(), StoreError>;
 
     /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
 
     /// Stores a new token; `StoreError::Duplicate` when the name is taken.
     async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError>;
-
-    async fn find_token(&self, lookup_id: &str) -> Result<Option<TokenRecord>, StoreError>;
 
     /// Every token, oldest first.
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;

@@ -1,12 +1,16 @@
 //! Opaque API tokens: how they are made, stored (as hashes only) and checked.
 
-use std::time::Duration;
+mod cache;
+
+use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use plantstore_store::{Store, StoreError, TokenRecord};
 use rand::{Rng, distr::Alphanumeric};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
+
+pub use cache::TokenCache;
 
 /// Every token reads `pst_<lookup id>_<secret>`: the prefix lets secret scanners spot a
 /// leaked one, the lookup id finds the row, and only the secret's hash is stored.
@@ -45,7 +49,7 @@ pub enum Rejection {
 /// The caller a valid token stands for.
 #[derive(Debug, Clone)]
 pub struct Caller {
-    pub token_name: String,
+    pub token_name: Arc<str>,
 }
 
 /// Stores a new token and returns its full text, which exists nowhere else afterwards.
@@ -101,24 +105,25 @@ pub async fn revoke(store: &dyn Store, name: &str) -> Result<(), TokenError> {
     }
 }
 
-/// Checks a presented token against the store: known, secret matching in constant time,
-/// not revoked, not expired. Looked up on every request, so a revocation holds at once.
+/// Checks a presented token: known, secret matching in constant time, not revoked, not
+/// expired. Expiry is checked against `now`; a revocation is seen within a second (see
+/// [`TokenCache`]).
 pub async fn verify(
-    store: &dyn Store,
+    tokens: &Arc<TokenCache>,
     presented: &str,
     now: DateTime<Utc>,
 ) -> Result<Caller, Rejection> {
     let (lookup_id, secret) = split(presented).ok_or(Rejection::Invalid)?;
-    let record = store
-        .find_token(lookup_id)
+    let token = tokens
+        .get(lookup_id)
         .await
         .map_err(Rejection::Store)?
         .ok_or(Rejection::Invalid)?;
-    let secret_matches: bool = hash(secret).ct_eq(&record.secret_hash).into();
-    let live = record.revoked_at.is_none() && record.expires_at.is_none_or(|at| now < at);
+    let secret_matches: bool = hash(secret).ct_eq(&token.secret_hash).into();
+    let live = token.revoked_at.is_none() && token.expires_at.is_none_or(|at| now < at);
     if secret_matches && live {
         Ok(Caller {
-            token_name: record.name,
+            token_name: Arc::clone(&token.name),
         })
     } else {
         Err(Rejection::Invalid)

@@ -1,0 +1,205 @@
+//! Group commit: deletes that queue while a commit is in flight go out together in the
+//! next one, and each request is told its own outcome.
+
+use std::{
+    collections::{HashMap, hash_map::Entry},
+    fmt,
+    sync::Arc,
+};
+
+use async_trait::async_trait;
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::{Deletion, StoreError};
+
+/// Most deletions in one transaction: bounds a statement's size and one batch's latency.
+pub const MAX_BATCH: usize = 256;
+/// Requests that may wait for a lane; past it, senders wait too.
+const QUEUE_DEPTH: usize = 4 * MAX_BATCH;
+
+/// What a backend says about one deletion of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Deleted,
+    NotFound,
+    /// Another session holds the row: it is retried alone, waiting for the row, so the
+    /// rest of its batch is not held up.
+    Held,
+}
+
+/// How one backend commits; the batcher decides what goes into each commit.
+#[async_trait]
+pub trait BatchWriter: Send + Sync + 'static {
+    /// Deletes distinct plants and writes their audit rows in one transaction, returning
+    /// one outcome per deletion, in order. After an error nothing of the batch is
+    /// committed, unless it struck during the commit itself, when nobody can tell.
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError>;
+
+    /// Deletes one plant in a transaction of its own, waiting for its row if another
+    /// session holds it; never answers `Outcome::Held`.
+    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError>;
+}
+
+type Reply = oneshot::Sender<Result<(), StoreError>>;
+
+struct Job {
+    deletion: Deletion,
+    reply: Reply,
+}
+
+/// The queue in front of a backend's writer. Cloning it shares the queue.
+#[derive(Clone)]
+pub struct Batcher {
+    queue: mpsc::Sender<Job>,
+}
+
+impl fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Batcher")
+            .field("queued", &(QUEUE_DEPTH - self.queue.capacity()))
+            .finish()
+    }
+}
+
+impl Batcher {
+    /// Starts `lanes` workers on one queue. No timer: a lane takes whatever queued while
+    /// its previous commit ran, so a request alone waits for nothing extra. The workers
+    /// end when the last clone of the batcher is dropped.
+    pub fn start(writer: Arc<dyn BatchWriter>, lanes: usize) -> Self {
+        let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
+        let receiver = Arc::new(Mutex::new(receiver));
+        for _ in 0..lanes.max(1) {
+            tokio::spawn(supervise(Arc::clone(&writer), Arc::clone(&receiver)));
+        }
+        Self { queue }
+    }
+
+    /// Deletes one plant with the next commit; `StoreError::NotFound` when it is not there.
+    ///
+    /// Dropping the future before its batch starts withdraws the request: nothing is
+    /// deleted for a caller that is no longer waiting.
+    pub async fn delete(&self, deletion: Deletion) -> Result<(), StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.queue
+            .send(Job { deletion, reply })
+            .await
+            .map_err(|_closed| StoreError::Stopped)?;
+        answer.await.unwrap_or(Err(StoreError::Stopped))
+    }
+}
+
+/// Keeps a lane running: a panic in one commit fails that batch's requests (their replies
+/// are dropped, so they answer `Stopped`), not every later one.
+async fn supervise(writer: Arc<dyn BatchWriter>, receiver: Arc<Mutex<mpsc::Receiver<Job>>>) {
+    loop {
+        let lane = tokio::spawn(run_lane(Arc::clone(&writer), Arc::clone(&receiver)));
+        match lane.await {
+            Ok(()) => return,
+            Err(err) => tracing::error!(error = %err, "a group-commit lane stopped; restarting it"),
+        }
+    }
+}
+
+async fn run_lane(writer: Arc<dyn BatchWriter>, receiver: Arc<Mutex<mpsc::Receiver<Job>>>) {
+    let mut jobs = Vec::with_capacity(MAX_BATCH);
+    loop {
+        // The lock is held only while waiting for work, so another lane takes the next
+        // batch while this one commits.
+        if receiver.lock().await.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+            return;
+        }
+        commit(&writer, jobs.drain(..)).await;
+    }
+}
+
+/// One batch: the first request for each id goes into the transaction; repeats of an id
+/// learn from its outcome (after a delete, the row is gone for them).
+#[tracing::instrument(level = "debug", skip_all, fields(size))]
+async fn commit(writer: &Arc<dyn BatchWriter>, jobs: impl Iterator<Item = Job>) {
+    let mut deletions = Vec::new();
+    let mut replies = Vec::new();
+    let mut repeats: Vec<(usize, Job)> = Vec::new();
+    let mut position = HashMap::new();
+    for job in jobs.filter(|job| !job.reply.is_closed()) {
+        match position.entry(job.deletion.plant_id) {
+            Entry::Occupied(first) => repeats.push((*first.get(), job)),
+            Entry::Vacant(slot) => {
+                slot.insert(deletions.len());
+                deletions.push(job.deletion);
+                replies.push(job.reply);
+            }
+        }
+    }
+    if deletions.is_empty() {
+        return;
+    }
+    tracing::Span::current().record("size", deletions.len());
+
+    match writer.delete_batch(&deletions).await {
+        Ok(outcomes) if outcomes.len() == deletions.len() => {
+            for (index, job) in repeats {
+                match outcomes[index] {
+                    Outcome::Held => retry_alone(writer, job.deletion, job.reply),
+                    Outcome::Deleted | Outcome::NotFound => {
+                        let _ = job.reply.send(Err(StoreError::NotFound));
+                    }
+                }
+            }
+            for ((deletion, reply), outcome) in deletions.into_iter().zip(replies).zip(outcomes) {
+                match outcome {
+                    Outcome::Held => retry_alone(writer, deletion, reply),
+                    outcome => {
+                        let _ = reply.send(answer(outcome));
+                    }
+                }
+            }
+        }
+        Ok(outcomes) => {
+            tracing::error!(
+                expected = deletions.len(),
+                got = outcomes.len(),
+                "a backend answered a batch with the wrong number of outcomes"
+            );
+            fail_all(replies, repeats, &StoreError::Stopped);
+        }
+        // Which row is still referenced is not knowable from the error without reading its
+        // text: every deletion of the batch is tried again alone, and only that row fails.
+        Err(StoreError::Referenced) if deletions.len() > 1 => {
+            for (deletion, reply) in deletions.into_iter().zip(replies) {
+                retry_alone(writer, deletion, reply);
+            }
+            for (_, job) in repeats {
+                retry_alone(writer, job.deletion, job.reply);
+            }
+        }
+        Err(err) => fail_all(replies, repeats, &err),
+    }
+}
+
+/// Runs a deletion on its own task, so a wait for one row never holds up the lane.
+fn retry_alone(writer: &Arc<dyn BatchWriter>, deletion: Deletion, reply: Reply) {
+    let writer = Arc::clone(writer);
+    tokio::spawn(async move {
+        if reply.is_closed() {
+            return;
+        }
+        let outcome = writer.delete_one(&deletion).await;
+        let _ = reply.send(outcome.and_then(answer));
+    });
+}
+
+fn answer(outcome: Outcome) -> Result<(), StoreError> {
+    match outcome {
+        Outcome::Deleted => Ok(()),
+        Outcome::NotFound => Err(StoreError::NotFound),
+        // `delete_one` never answers it; should a backend do so, the outcome is unknown.
+        Outcome::Held => Err(StoreError::Stopped),
+    }
+}
+
+fn fail_all(replies: Vec<Reply>, repeats: Vec<(usize, Job)>, err: &StoreError) {
+    let repeated = repeats.into_iter().map(|(_, job)| job.reply);
+    for reply in replies.into_iter().chain(repeated) {
+        let _ = reply.send(Err(err.clone()));
+    }
+}
