@@ -147,3 +147,67 @@ fn cached(record: TokenRecord) -> (String, Arc<CachedToken>) {
     };
     (record.lookup_id, Arc::new(token))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration as StdDuration;
+
+    use plantstore_sqlite::SqliteStore;
+    use plantstore_store::PoolSettings;
+
+    use super::*;
+
+    async fn cache_on_a_real_file() -> (Arc<TokenCache>, Arc<dyn Store>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
+        let settings = PoolSettings {
+            max_connections: 2,
+            acquire_timeout: StdDuration::from_secs(3),
+        };
+        let store: Arc<dyn Store> =
+            Arc::new(SqliteStore::connect(&url, settings).await.expect("open"));
+        store.migrate().await.expect("migrate");
+        (TokenCache::new(Arc::clone(&store)), store, dir)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_flood_of_unknown_tokens_shares_a_few_reloads() {
+        let (cache, _store, _dir) = cache_on_a_real_file().await;
+
+        let lookups = (0..500).map(|n| {
+            let cache = Arc::clone(&cache);
+            tokio::spawn(async move { cache.get(&format!("unknown{n:05}")).await })
+        });
+        for lookup in futures::future::join_all(lookups).await {
+            assert!(lookup.expect("task").expect("lookup").is_none());
+        }
+
+        // All 500 arrived within moments of each other: one reload, two if some arrived
+        // while the first was running; never one each.
+        assert!(cache.reloads() <= 2, "{} reloads", cache.reloads());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_known_token_is_read_from_memory_and_a_new_one_is_found_at_once() {
+        let (cache, store, _dir) = cache_on_a_real_file().await;
+        crate::tokens::create(store.as_ref(), "first", None)
+            .await
+            .expect("token");
+        let lookup_id = store.list_tokens().await.expect("list")[0]
+            .lookup_id
+            .clone();
+
+        for _ in 0..1000 {
+            assert!(cache.get(&lookup_id).await.expect("lookup").is_some());
+        }
+        assert_eq!(cache.reloads(), 1);
+
+        crate::tokens::create(store.as_ref(), "second", None)
+            .await
+            .expect("token");
+        let tokens = store.list_tokens().await.expect("list");
+        let second = tokens.iter().find(|t| t.name == "second").expect("second");
+        let found = cache.get(&second.lookup_id).await.expect("lookup");
+        assert_eq!(found.map(|t| t.name.to_string()).as_deref(), Some("second"));
+    }
+}

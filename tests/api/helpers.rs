@@ -261,6 +261,11 @@ impl TestApp {
         self.delete_with(raw_id, Some(&self.token)).await
     }
 
+    /// `DELETE /plants/{id}` with the app's token.
+    pub async fn delete_id(&self, id: i64) -> Response {
+        self.delete(&id.to_string()).await
+    }
+
     pub async fn delete_with(&self, raw_id: &str, token: Option<&str>) -> Response {
         let mut request = self
             .client
@@ -312,4 +317,94 @@ pub fn assert_request_id(response: &Response) -> String {
     let id = id.to_str().expect("visible ASCII").to_owned();
     assert!(!id.is_empty());
     id
+}
+
+/// Another session that keeps the service's commits waiting, so the requests sent
+/// meanwhile queue up and go out together in the next batch. SQLite: the write lock.
+/// PostgreSQL: the audit table, which every delete writes to.
+pub enum WriteHold {
+    Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl TestDb {
+    pub async fn hold_writes(&self) -> WriteHold {
+        match &self.pool {
+            DbPool::Sqlite(pool) => {
+                let mut conn = pool.acquire().await.expect("a connection");
+                conn.execute("BEGIN IMMEDIATE")
+                    .await
+                    .expect("take the write lock");
+                WriteHold::Sqlite(conn)
+            }
+            DbPool::Postgres(pool) => {
+                let mut tx = pool.begin().await.expect("a transaction");
+                tx.execute("LOCK TABLE plantstore_deletions IN EXCLUSIVE MODE")
+                    .await
+                    .expect("lock the audit table");
+                WriteHold::Postgres(tx)
+            }
+        }
+    }
+
+    /// Waits until the service has a commit waiting on a hold. PostgreSQL shows it in
+    /// `pg_stat_activity`; SQLite's busy wait shows nowhere, so that case only waits a
+    /// moment for the request to reach the writer.
+    pub async fn wait_for_blocked_commits(&self, count: i64) {
+        let DbPool::Postgres(pool) = &self.pool else {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return;
+        };
+        for _ in 0..200 {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'plantstore'
+                   AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(pool)
+            .await
+            .expect("activity");
+            if waiting >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the service's commits never waited on the hold");
+    }
+
+    /// How many distinct commit times the audit rows of these plants have: 1 when they
+    /// were deleted by one transaction (the time is stamped once per commit).
+    pub async fn distinct_commit_times(&self, plant_ids: &[i64]) -> i64 {
+        let list = plant_ids
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        let sql = format!(
+            "SELECT COUNT(DISTINCT deleted_at) FROM plantstore_deletions WHERE plant_id IN ({list})"
+        );
+        match &self.pool {
+            DbPool::Sqlite(pool) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(pool)
+                    .await
+            }
+            DbPool::Postgres(pool) => {
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                    .fetch_one(pool)
+                    .await
+            }
+        }
+        .expect("read the audit table")
+    }
+}
+
+impl WriteHold {
+    pub async fn release(self) {
+        match self {
+            WriteHold::Sqlite(mut conn) => conn.execute("ROLLBACK").await.map(drop),
+            WriteHold::Postgres(tx) => tx.rollback().await,
+        }
+        .expect("release the hold");
+    }
 }

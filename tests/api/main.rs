@@ -7,6 +7,7 @@ mod cli;
 mod contract;
 mod delete;
 mod existing_database;
+mod group_commit;
 mod ops;
 mod outage;
 mod routing;

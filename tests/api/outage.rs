@@ -107,6 +107,65 @@ async fn postgres_row_held_past_the_timeout_is_503_then_recovers() {
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
 }
 
+/// PostgreSQL: the connection is lost while a batch waits to commit. Nobody can know
+/// whether the server went on to commit it, so its requests answer 503; whatever the
+/// server did, the table and the audit agree (no lost delete, no phantom one), and the
+/// same requests succeed once the database is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_connection_lost_mid_batch_answers_503_and_loses_nothing() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let upstream = db
+        .url
+        .split_once('@')
+        .and_then(|(_, rest)| rest.split_once('/'))
+        .expect("host")
+        .0
+        .to_owned();
+    let proxy = Proxy::start("127.0.0.1:0".parse().expect("addr"), upstream.clone()).await;
+    let address = proxy.address;
+    let url = db.url_via(&address.to_string());
+    let app = spawn_app_on(db, |config| {
+        config.database_url = url.parse().unwrap_or_else(|never| match never {});
+        config.db_max_connections = 2;
+        config.db_acquire_timeout = std::time::Duration::from_secs(2);
+    })
+    .await;
+    let ids: Vec<i64> = (1..=5).collect();
+    app.add_plants(&ids).await;
+    let hold = app.db.hold_writes().await;
+
+    let answers = futures::future::join_all(ids.iter().map(|id| app.delete_id(*id)));
+    let cut = async {
+        app.db.wait_for_blocked_commits(1).await;
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        proxy.cut();
+    };
+    let (answers, ()) = tokio::join!(answers, cut);
+    for answer in answers {
+        assert_unavailable(answer).await;
+    }
+    hold.release().await;
+
+    for id in &ids {
+        assert_eq!(
+            app.db.plant_exists(*id).await,
+            app.db.deletions(*id).await.is_empty(),
+            "plant {id}: gone exactly when audited"
+        );
+    }
+    let _proxy = Proxy::start(address, upstream).await;
+    for id in &ids {
+        let expected = if app.db.plant_exists(*id).await {
+            StatusCode::NO_CONTENT
+        } else {
+            StatusCode::NOT_FOUND
+        };
+        assert_eq!(app.delete_id(*id).await.status(), expected);
+        assert!(!app.db.plant_exists(*id).await);
+        assert_eq!(app.db.deletions(*id).await.len(), 1, "plant {id}");
+    }
+}
+
 /// A TCP forwarder whose cut closes every connection and refuses new ones.
 struct Proxy {
     address: SocketAddr,
