@@ -23,11 +23,11 @@ const TRANSIENT_CODES: [&str; 7] = [
     "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "57014",
 ];
 
-/// How many group commits one instance keeps in flight, each on its own connection.
-/// PostgreSQL already shares one WAL flush among concurrent commits, so a few lanes add
-/// to batching; more would only take connections from everything else.
+/// How many group commits one instance keeps in flight, each on its own connection. Two
+/// let one batch execute while the other waits for its WAL flush; more lanes made
+/// smaller batches and cost more CPU per delete in the benchmark (bench/RESULTS.md).
 pub fn batch_lanes(max_connections: u32) -> usize {
-    (max_connections / 2).clamp(1, 4) as usize
+    (max_connections / 4).clamp(1, 2) as usize
 }
 
 #[derive(Debug, Clone)]
@@ -104,40 +104,44 @@ impl BatchWriter for PgWriter {
         let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
         let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
         let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
-        // `present` reads the statement's snapshot; `locked` takes the rows no other
-        // session holds. A row present but not locked is held elsewhere (or was deleted
-        // by a commit after the snapshot): it is retried alone, not waited for here.
-        let rows = sqlx::query!(
-            r#"WITH batch AS (
-                   SELECT b.plant_id, b.caller, b.request_id, b.ord
-                   FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[])
-                        WITH ORDINALITY AS b (plant_id, caller, request_id, ord)
+        // Rows no other session holds are locked and deleted; `present` reads the
+        // statement's snapshot, taken before the delete. A row present but not deleted is
+        // held elsewhere (or was deleted by a commit after the snapshot): it is retried
+        // alone rather than waited for here. Casts keep the parameters BIGINT whatever the
+        // type of an existing `plants.id`.
+        let row = sqlx::query!(
+            r#"WITH deleted AS (
+                   DELETE FROM plants
+                   WHERE id IN (SELECT id FROM plants WHERE id = ANY ($1::BIGINT[])
+                                FOR UPDATE SKIP LOCKED)
+                   RETURNING id
                ),
-               present AS (SELECT id FROM plants WHERE id = ANY ($1)),
-               locked AS (SELECT id FROM plants WHERE id = ANY ($1) FOR UPDATE SKIP LOCKED),
-               deleted AS (DELETE FROM plants WHERE id IN (SELECT id FROM locked) RETURNING id),
                audited AS (
                    INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-                   SELECT batch.plant_id, batch.caller, batch.request_id, now()
-                   FROM batch JOIN deleted ON deleted.id = batch.plant_id
+                   SELECT b.plant_id, b.caller, b.request_id, now()
+                   FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS b (plant_id, caller, request_id)
+                   JOIN deleted ON deleted.id = b.plant_id
                    RETURNING plant_id
                )
-               SELECT batch.plant_id IN (SELECT plant_id FROM audited) AS "deleted!",
-                      batch.plant_id IN (SELECT id FROM present) AS "present!"
-               FROM batch ORDER BY batch.ord"#,
+               SELECT ARRAY(SELECT plant_id FROM audited) AS "deleted!",
+                      ARRAY(SELECT id::BIGINT FROM plants WHERE id = ANY ($1::BIGINT[])) AS "present!""#,
             &ids,
             &callers as &[&str],
             &request_ids as &[&str],
         )
-        .fetch_all(&self.pool)
+        .fetch_one(&self.pool)
         .await
         .map_err(classify)?;
-        Ok(rows
-            .into_iter()
-            .map(|row| match (row.deleted, row.present) {
-                (true, _) => Outcome::Deleted,
-                (false, true) => Outcome::Held,
-                (false, false) => Outcome::NotFound,
+        Ok(batch
+            .iter()
+            .map(|d| {
+                if row.deleted.contains(&d.plant_id) {
+                    Outcome::Deleted
+                } else if row.present.contains(&d.plant_id) {
+                    Outcome::Held
+                } else {
+                    Outcome::NotFound
+                }
             })
             .collect())
     }
@@ -152,7 +156,7 @@ impl BatchWriter for PgWriter {
         // Waits for a held row up to `lock_timeout`; a concurrent delete of the same row
         // commits first and this one then finds nothing: one 204.
         let deleted = sqlx::query_scalar!(
-            "WITH deleted AS (DELETE FROM plants WHERE id = $1 RETURNING id)
+            "WITH deleted AS (DELETE FROM plants WHERE id = $1::BIGINT RETURNING id)
              INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
              SELECT id, $2, $3, now() FROM deleted
              RETURNING plant_id",
