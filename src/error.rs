@@ -56,8 +56,9 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
 impl ApiError {
     /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
-    /// `token_sent` and `path` describe the request, for the headers the answer needs.
-    pub fn from_poem(err: poem::Error, token_sent: bool, path: &str) -> Self {
+    /// `token_sent` and `allow` (the methods of the request's path) describe the request,
+    /// for the headers the answer needs.
+    pub fn from_poem(err: poem::Error, token_sent: bool, allow: &'static str) -> Self {
         let err = match err.downcast::<ApiError>() {
             Ok(ours) => return ours,
             Err(other) => other,
@@ -69,9 +70,7 @@ impl ApiError {
         } else if err.is::<NotFoundError>() {
             ApiError::RouteNotFound
         } else if err.is::<MethodNotAllowedError>() {
-            ApiError::MethodNotAllowed {
-                allow: crate::routes::allowed_methods(path),
-            }
+            ApiError::MethodNotAllowed { allow }
         } else if err.status().is_server_error() {
             tracing::error!(error = %err, "unexpected error");
             ApiError::Internal

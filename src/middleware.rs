@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::{
     error::ApiError,
     request_id::{self, RequestId},
+    routes,
 };
 
 /// Wraps the whole app, so no response (error, panic, unknown route) leaves without the
@@ -37,18 +38,18 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
         let started = Instant::now();
         let request_id = RequestId::from_headers(req.headers());
         let token_sent = req.headers().contains_key(header::AUTHORIZATION);
-        let path = req.uri().path().to_owned();
+        let allow = routes::allowed_methods(req.uri().path());
         let span = tracing::info_span!(
             "request",
             method = %req.method(),
-            path = %path,
+            path = %req.uri().path(),
             request_id = %request_id,
         );
         req.extensions_mut().insert(request_id.clone());
 
         let mut response = match self.inner.call(req).instrument(span.clone()).await {
             Ok(output) => output.into_response(),
-            Err(err) => ApiError::from_poem(err, token_sent, &path).as_response(),
+            Err(err) => ApiError::from_poem(err, token_sent, allow).as_response(),
         };
         if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
             response.headers_mut().insert(request_id::HEADER, value);
