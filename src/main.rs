@@ -26,10 +26,14 @@ async fn main() -> ExitCode {
         }
         Err(err) => return fail(&one_line_usage_error(&err)),
     };
-    if let Err(message) = telemetry::init(&cli.config.log_filter, cli.config.log_format) {
-        return fail(&message);
-    }
-    match cli.run().await {
+    let logs = match telemetry::init(&cli.config.log_filter, cli.config.log_format) {
+        Ok(guard) => guard,
+        Err(message) => return fail(&message),
+    };
+    let outcome = cli.run().await;
+    // Every log line is out before the last word on stderr.
+    drop(logs);
+    match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail(&cli::one_line(&err)),
     }
