@@ -61,6 +61,7 @@ impl PostgresStore {
             // A dead connection fails its statement and is dropped; a ping before every
             // use would add a round trip to each request to find that out sooner.
             .test_before_acquire(false)
+            .after_connect(|conn, _meta| Box::pin(prefer_generic_plans(conn)))
             .connect_with(options)
             .await
             .map_err(classify)?;
@@ -76,6 +77,22 @@ impl PostgresStore {
         let batcher = Batcher::start(Arc::new(writer), lanes);
         Ok(Self { pool, batcher })
     }
+}
+
+/// The batch statement takes arrays, for which the planner never trusts a generic plan,
+/// so by default it is planned anew on every execution: 0.1-0.25 ms of a delete that
+/// otherwise takes 0.05 ms (`EXPLAIN ANALYZE`, PostgreSQL 15). The service's statements
+/// are all point lookups by key, which a generic plan serves as well. A server too old to
+/// know the setting (before 12) keeps planning each time; nothing else changes.
+async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    if let Err(err) = conn
+        .execute("SET plan_cache_mode = force_generic_plan")
+        .await
+    {
+        tracing::debug!(error = %err, "this server plans every statement anew");
+    }
+    Ok(())
 }
 
 fn classify(err: sqlx::Error) -> StoreError {
@@ -109,7 +126,7 @@ impl BatchWriter for PgWriter {
         // held elsewhere (or was deleted by a commit after the snapshot): it is retried
         // alone rather than waited for here. Casts keep the parameters BIGINT whatever the
         // type of an existing `plants.id`.
-        let row = sqlx::query!(
+        let rows = sqlx::query!(
             r#"WITH deleted AS (
                    DELETE FROM plants
                    WHERE id IN (SELECT id FROM plants WHERE id = ANY ($1::BIGINT[])
@@ -129,9 +146,14 @@ impl BatchWriter for PgWriter {
             &callers as &[&str],
             &request_ids as &[&str],
         )
-        .fetch_one(&self.pool)
+        // fetch_all, not fetch_one: sqlx asks for one row, then needs a second round trip
+        // to end the statement (seen with strace); the statement yields one row anyway.
+        .fetch_all(&self.pool)
         .await
         .map_err(classify)?;
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Other(Arc::new(sqlx::Error::RowNotFound)));
+        };
         Ok(batch
             .iter()
             .map(|d| {
@@ -164,13 +186,13 @@ impl BatchWriter for PgWriter {
             deletion.caller.as_ref(),
             deletion.request_id,
         )
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await
         .map_err(classify)?;
-        Ok(if deleted.is_some() {
-            Outcome::Deleted
-        } else {
+        Ok(if deleted.is_empty() {
             Outcome::NotFound
+        } else {
+            Outcome::Deleted
         })
     }
 }
@@ -202,7 +224,7 @@ impl Store for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query!("SELECT 1 AS one")
-            .fetch_one(&self.pool)
+            .fetch_all(&self.pool)
             .await
             .map_err(classify)?;
         Ok(())
