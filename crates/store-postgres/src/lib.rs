@@ -1,6 +1,9 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
 
-use std::{str::FromStr, sync::Arc};
+use std::{
+    str::FromStr,
+    sync::{Arc, Mutex, PoisonError},
+};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -8,7 +11,11 @@ use plantstore_store::{
     BatchWriter, Batcher, Deletion, Outcome, PoolSettings, Store, StoreError, TokenRecord, probe,
     schema_verdict,
 };
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{
+    Postgres,
+    pool::PoolConnection,
+    postgres::{PgConnectOptions, PgPool, PgPoolOptions},
+};
 use tokio::sync::Semaphore;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
@@ -30,10 +37,20 @@ pub fn batch_lanes(max_connections: u32) -> usize {
     (max_connections / 4).clamp(1, 2) as usize
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    writer: Arc<PgWriter>,
     batcher: Batcher,
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("pool", &self.pool)
+            .field("batcher", &self.batcher)
+            .finish_non_exhaustive()
+    }
 }
 
 impl PostgresStore {
@@ -66,16 +83,21 @@ impl PostgresStore {
             .await
             .map_err(classify)?;
         let lanes = batch_lanes(settings.max_connections);
-        let writer = PgWriter {
+        let writer = Arc::new(PgWriter {
             pool: pool.clone(),
+            kept: Mutex::new(Some(Vec::new())),
             alone: Semaphore::new(
                 (settings.max_connections as usize)
                     .saturating_sub(lanes)
                     .max(1),
             ),
-        };
-        let batcher = Batcher::start(Arc::new(writer), lanes);
-        Ok(Self { pool, batcher })
+        });
+        let batcher = Batcher::start(Arc::clone(&writer) as Arc<dyn BatchWriter>, lanes);
+        Ok(Self {
+            pool,
+            writer,
+            batcher,
+        })
     }
 }
 
@@ -109,9 +131,46 @@ fn classify(err: sqlx::Error) -> StoreError {
 /// Commits the batches: each is one autocommit statement, so one round trip.
 struct PgWriter {
     pool: PgPool,
+    /// Connections the lanes keep between batches. sqlx pings a connection every time it
+    /// goes back to the pool (strace: a second round trip per batch); a kept one is not
+    /// returned until a batch fails on it or the store closes. `None` once closing.
+    kept: Mutex<Option<Vec<PoolConnection<Postgres>>>>,
     /// Deletions waiting alone for a held row may take only the connections the batch
     /// lanes do not need.
     alone: Semaphore,
+}
+
+impl PgWriter {
+    async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .and_then(Vec::pop);
+        match kept {
+            Some(conn) => Ok(conn),
+            None => self.pool.acquire().await.map_err(classify),
+        }
+    }
+
+    /// Keeps a connection that just served a batch, unless the store is closing.
+    fn keep(&self, conn: PoolConnection<Postgres>) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = kept.as_mut() {
+            kept.push(conn);
+        }
+    }
+
+    /// Hands every kept connection back, so that closing the pool does not wait for them.
+    fn release_all(&self) {
+        let kept = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(kept);
+    }
 }
 
 #[async_trait]
@@ -126,6 +185,7 @@ impl BatchWriter for PgWriter {
         // held elsewhere (or was deleted by a commit after the snapshot): it is retried
         // alone rather than waited for here. Casts keep the parameters BIGINT whatever the
         // type of an existing `plants.id`.
+        let mut conn = self.connection().await?;
         let rows = sqlx::query!(
             r#"WITH deleted AS (
                    DELETE FROM plants
@@ -146,11 +206,11 @@ impl BatchWriter for PgWriter {
             &callers as &[&str],
             &request_ids as &[&str],
         )
-        // fetch_all, not fetch_one: sqlx asks for one row, then needs a second round trip
-        // to end the statement (seen with strace); the statement yields one row anyway.
-        .fetch_all(&self.pool)
+        // A connection a batch failed on goes back to the pool, which drops it if broken.
+        .fetch_all(&mut *conn)
         .await
         .map_err(classify)?;
+        self.keep(conn);
         let Some(row) = rows.first() else {
             return Err(StoreError::Other(Arc::new(sqlx::Error::RowNotFound)));
         };
@@ -304,6 +364,7 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
+        self.writer.release_all();
         self.pool.close().await;
     }
 }

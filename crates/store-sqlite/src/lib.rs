@@ -9,9 +9,14 @@ use plantstore_store::{
     BatchWriter, Batcher, Deletion, Outcome, PoolSettings, Store, StoreError, TokenRecord, probe,
     schema_verdict,
 };
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+use sqlx::{
+    Connection, Sqlite,
+    pool::PoolConnection,
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    },
 };
+use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -22,11 +27,43 @@ const SQLITE_CANTOPEN: i32 = 14;
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    /// The one connection this process writes with: its own writes never wait on each
-    /// other's locks, and the group commit shares its syncs.
-    writer: SqlitePool,
+    writer: Arc<WriteConnection>,
     readers: SqlitePool,
     batcher: Batcher,
+}
+
+/// The one connection this process writes with: its own writes never wait on each
+/// other's locks, and the group commit shares its syncs. It is kept rather than returned
+/// to its pool after each use, because sqlx pings a connection on every return (one more
+/// hop to the connection's thread per batch).
+#[derive(Debug)]
+struct WriteConnection {
+    pool: SqlitePool,
+    kept: Mutex<Option<PoolConnection<Sqlite>>>,
+}
+
+impl WriteConnection {
+    /// Waits for the writer: whoever holds it holds this process's write access.
+    async fn lock(&self) -> Result<MappedMutexGuard<'_, PoolConnection<Sqlite>>, StoreError> {
+        let mut kept = self.kept.lock().await;
+        if kept.is_none() {
+            *kept = Some(self.pool.acquire().await.map_err(classify)?);
+        }
+        MutexGuard::try_map(kept, Option::as_mut).map_err(|_| StoreError::Stopped)
+    }
+
+    /// sqlx's migrator takes a pool; the kept connection goes back to it for the run,
+    /// and nobody else writes meanwhile.
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut kept = self.kept.lock().await;
+        drop(kept.take());
+        Ok(MIGRATOR.run(&self.pool).await?)
+    }
+
+    async fn close(&self) {
+        drop(self.kept.lock().await.take());
+        self.pool.close().await;
+    }
 }
 
 /// The connection settings of the service, also used by the benchmark's raw SQLite loop
@@ -54,7 +91,7 @@ impl SqliteStore {
         probe(&options, settings.acquire_timeout)
             .await
             .map_err(classify)?;
-        let writer = SqlitePoolOptions::new()
+        let write_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(settings.acquire_timeout)
             .test_before_acquire(false)
@@ -68,9 +105,13 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(classify)?;
+        let writer = Arc::new(WriteConnection {
+            pool: write_pool,
+            kept: Mutex::new(None),
+        });
         let batcher = Batcher::start(
             Arc::new(SqliteWriter {
-                pool: writer.clone(),
+                connection: Arc::clone(&writer),
             }),
             1,
         );
@@ -94,7 +135,7 @@ fn classify(err: sqlx::Error) -> StoreError {
 
 /// Commits the batches on the writer connection: one transaction, two statements.
 struct SqliteWriter {
-    pool: SqlitePool,
+    connection: Arc<WriteConnection>,
 }
 
 #[async_trait]
@@ -104,8 +145,8 @@ impl BatchWriter for SqliteWriter {
         let ids = to_json(&batch.iter().map(|d| d.plant_id).collect::<Vec<_>>())?;
         // IMMEDIATE takes the write lock up front: another process's writer makes this wait
         // on the busy timeout instead of failing to upgrade a read lock.
-        let mut tx = self
-            .pool
+        let mut conn = self.connection.lock().await?;
+        let mut tx = (**conn)
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(classify)?;
@@ -170,7 +211,7 @@ fn to_json(value: &impl serde::Serialize) -> Result<String, StoreError> {
 impl Store for SqliteStore {
     #[tracing::instrument(skip(self))]
     async fn migrate(&self) -> Result<(), StoreError> {
-        Ok(MIGRATOR.run(&self.writer).await?)
+        self.writer.migrate().await
     }
 
     #[tracing::instrument(skip(self))]
@@ -210,7 +251,7 @@ impl Store for SqliteStore {
              ON CONFLICT (id) DO NOTHING",
             count
         )
-        .execute(&self.writer)
+        .execute(&mut **self.writer.lock().await?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
@@ -228,7 +269,7 @@ impl Store for SqliteStore {
             token.expires_at,
             token.revoked_at,
         )
-        .execute(&self.writer)
+        .execute(&mut **self.writer.lock().await?)
         .await
         .map_err(classify)?;
         Ok(())
@@ -256,7 +297,7 @@ impl Store for SqliteStore {
             at,
             name
         )
-        .execute(&self.writer)
+        .execute(&mut **self.writer.lock().await?)
         .await
         .map_err(classify)?;
         if done.rows_affected() == 0 {
