@@ -54,14 +54,7 @@ async fn sqlite_busy_past_the_timeout_is_503_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_unreachable_is_503_then_recovers() {
     let db = TestDb::new(Backend::Postgres).await;
-    let upstream = db
-        .url
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split_once('/'))
-        .expect("host")
-        .0
-        .to_owned();
-    let proxy = Proxy::start("127.0.0.1:0".parse().expect("addr"), upstream.clone()).await;
+    let (proxy, upstream) = Proxy::in_front_of(&db).await;
     let url = db.url_via(&proxy.address.to_string());
     let app = spawn_app_on(db, |config| {
         config.database_url = url.parse().unwrap_or_else(|never| match never {});
@@ -114,14 +107,7 @@ async fn postgres_row_held_past_the_timeout_is_503_then_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_connection_lost_mid_batch_answers_503_and_loses_nothing() {
     let db = TestDb::new(Backend::Postgres).await;
-    let upstream = db
-        .url
-        .split_once('@')
-        .and_then(|(_, rest)| rest.split_once('/'))
-        .expect("host")
-        .0
-        .to_owned();
-    let proxy = Proxy::start("127.0.0.1:0".parse().expect("addr"), upstream.clone()).await;
+    let (proxy, upstream) = Proxy::in_front_of(&db).await;
     let address = proxy.address;
     let url = db.url_via(&address.to_string());
     let app = spawn_app_on(db, |config| {
@@ -173,6 +159,20 @@ struct Proxy {
 }
 
 impl Proxy {
+    /// A proxy on a free port in front of the test database's server; also returns the
+    /// server's address, to start a proxy on the same port again later.
+    async fn in_front_of(db: &TestDb) -> (Self, String) {
+        let upstream = db
+            .url
+            .split_once('@')
+            .and_then(|(_, rest)| rest.split_once('/'))
+            .expect("host")
+            .0
+            .to_owned();
+        let proxy = Self::start("127.0.0.1:0".parse().expect("addr"), upstream.clone()).await;
+        (proxy, upstream)
+    }
+
     async fn start(address: SocketAddr, upstream: String) -> Self {
         let listener = TcpListener::bind(address).await.expect("bind the proxy");
         let address = listener.local_addr().expect("proxy address");
