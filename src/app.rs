@@ -4,18 +4,25 @@ use poem::{
     Endpoint, EndpointExt, Response, Route, error::ResponseError, get, middleware::CatchPanic,
 };
 
-use crate::{api, error::ApiError, middleware::RequestContext, ops, state::AppState};
+use crate::{
+    api,
+    error::ApiError,
+    middleware::{Deadline, RequestContext},
+    ops,
+    state::AppState,
+};
 
 /// The whole HTTP app the binary serves; tests serve this very value.
 pub fn build(state: AppState) -> impl Endpoint<Output = Response> {
     let api = api::service();
+    let deadline = state.request_timeout;
     let routes = Route::new()
         .at("/healthz", get(ops::healthz))
         .at("/readyz", get(ops::readyz))
         .at("/openapi.json", get(api.spec_endpoint()))
         .nest("/docs", api.swagger_ui())
         .nest("/", api);
-    with_middleware(routes.data(state))
+    with_middleware(routes.data(state).with(Deadline(deadline)))
 }
 
 /// The layers every response passes: panics become a 500 `Error`, then the request

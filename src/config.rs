@@ -47,6 +47,12 @@ pub struct Config {
           value_parser = parse_duration, global = true)]
     pub db_acquire_timeout: Duration,
 
+    /// One deadline per request, covering queueing, getting a connection, waiting for a
+    /// row lock and the statement; past it the answer is 503
+    #[arg(long, env = "PLANTSTORE_REQUEST_TIMEOUT", default_value = "5s",
+          value_parser = parse_duration, global = true)]
+    pub request_timeout: Duration,
+
     /// Most database connections this instance opens
     #[arg(long, env = "PLANTSTORE_DB_MAX_CONNECTIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..), global = true)]

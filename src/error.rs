@@ -37,6 +37,8 @@ pub enum ApiError {
     Rejected(StatusCode),
     #[error("database unavailable")]
     Unavailable,
+    #[error("request deadline passed")]
+    DeadlineExceeded,
     #[error("internal error")]
     Internal,
 }
@@ -109,6 +111,9 @@ impl ApiError {
             ApiError::Unavailable => {
                 "The database is unavailable right now; retry in a few seconds.".into()
             }
+            ApiError::DeadlineExceeded => {
+                "The request did not finish in time; retry in a few seconds.".into()
+            }
             ApiError::Internal => {
                 "The server hit an unexpected error; the x-request-id header identifies it in the logs.".into()
             }
@@ -121,6 +126,10 @@ impl From<StoreError> for ApiError {
         match err {
             StoreError::Unavailable(cause) => {
                 tracing::warn!(error = %cause, "database unavailable");
+                ApiError::Unavailable
+            }
+            StoreError::ReadOnly => {
+                tracing::warn!("the database accepts no writes now");
                 ApiError::Unavailable
             }
             StoreError::Stopped => {
@@ -146,7 +155,7 @@ impl ResponseError for ApiError {
             ApiError::PlantReferenced(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Rejected(status) => *status,
-            ApiError::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -181,7 +190,7 @@ impl ResponseError for ApiError {
             ApiError::RateLimited { retry_after_secs } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
             }
-            ApiError::Unavailable => {
+            ApiError::Unavailable | ApiError::DeadlineExceeded => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS),

@@ -1,6 +1,7 @@
-//! The outermost layer: request id, one log line per request, and every error as JSON.
+//! The outer layers: request id, one log line per request, every error as JSON, and
+//! the one deadline every request has.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use poem::{
     Endpoint, IntoResponse, Middleware, Request, Response, Result,
@@ -62,5 +63,43 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
             );
         });
         Ok(response)
+    }
+}
+
+/// `PLANTSTORE_REQUEST_TIMEOUT`: past it, the request's work is dropped and the answer is
+/// a 503. Dropping it withdraws a delete still queued for its batch; one already in a
+/// commit may still be committed, and then the audit table has it.
+pub struct Deadline(pub Duration);
+
+impl<E: Endpoint> Middleware<E> for Deadline {
+    type Output = DeadlineEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        DeadlineEndpoint {
+            inner,
+            limit: self.0,
+        }
+    }
+}
+
+pub struct DeadlineEndpoint<E> {
+    inner: E,
+    limit: Duration,
+}
+
+impl<E: Endpoint> Endpoint for DeadlineEndpoint<E> {
+    type Output = E::Output;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        match tokio::time::timeout(self.limit, self.inner.call(req)).await {
+            Ok(answer) => answer,
+            Err(_elapsed) => {
+                tracing::warn!(
+                    limit_ms = self.limit.as_millis() as u64,
+                    "request deadline passed"
+                );
+                Err(ApiError::DeadlineExceeded.into())
+            }
+        }
     }
 }

@@ -42,7 +42,7 @@ impl Application {
             .rate_limit
             .0
             .map(|rate| Arc::new(RateLimiter::new(rate)));
-        let state = AppState::new(store, rate_limiter);
+        let state = AppState::new(store, rate_limiter, config.request_timeout);
         Ok(Self {
             acceptor,
             address,
@@ -78,7 +78,8 @@ impl Application {
 }
 
 /// Connects to the configured database and makes sure its schema is usable: migrated when
-/// `PLANTSTORE_MIGRATE` is on, else only checked.
+/// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
+/// migrations leave alone may have an `id` the service cannot delete by).
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let settings = PoolSettings {
         max_connections: config.db_max_connections,
@@ -89,6 +90,10 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
         .with_context(|| format!("cannot open the database at {}", config.database_url))?;
     if config.migrate {
         store.migrate().await.context("cannot apply migrations")?;
+        store
+            .check_schema()
+            .await
+            .context("the database cannot be served")?;
     } else {
         store
             .check_schema()

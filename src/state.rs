@@ -1,6 +1,6 @@
 //! What every request handler may reach; it depends on nothing of the HTTP layer above it.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use plantstore_store::Store;
 
@@ -11,14 +11,21 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub tokens: Arc<TokenCache>,
     pub rate_limiter: Option<Arc<RateLimiter>>,
+    /// `PLANTSTORE_REQUEST_TIMEOUT`: how long any request may take before it is a 503.
+    pub request_timeout: Duration,
 }
 
 impl AppState {
-    pub fn new(store: Arc<dyn Store>, rate_limiter: Option<Arc<RateLimiter>>) -> Self {
+    pub fn new(
+        store: Arc<dyn Store>,
+        rate_limiter: Option<Arc<RateLimiter>>,
+        request_timeout: Duration,
+    ) -> Self {
         Self {
             tokens: TokenCache::new(Arc::clone(&store)),
             store,
             rate_limiter,
+            request_timeout,
         }
     }
 }

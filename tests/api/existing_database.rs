@@ -13,7 +13,71 @@ on_both_backends!(
     with_migrate_off_an_existing_schema_is_used_as_it_is,
     with_migrate_off_a_database_without_plants_is_refused,
     a_referenced_plant_is_409_in_a_fresh_database_too,
+    a_plants_id_that_is_not_an_integer_is_refused_at_start,
+    a_plants_id_that_is_not_unique_is_refused_at_start,
+    a_unique_index_on_plants_id_is_enough,
 );
+
+/// The one line a refused start ends with, with migrations on (they leave an existing
+/// `plants` alone) and off.
+async fn refusals(db: &TestDb) -> Vec<String> {
+    let mut lines = Vec::new();
+    for migrate in [true, false] {
+        let mut config = test_config(&db.url);
+        config.migrate = migrate;
+        let err = Application::build(&config)
+            .await
+            .err()
+            .expect("start is refused");
+        lines.push(plantstore::cli::one_line(&err));
+    }
+    lines
+}
+
+async fn a_plants_id_that_is_not_an_integer_is_refused_at_start(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.execute("CREATE TABLE plants (id TEXT PRIMARY KEY, name TEXT)")
+        .await;
+
+    for line in refusals(&db).await {
+        assert!(
+            line.to_lowercase().contains("plants.id is of type text"),
+            "{line}"
+        );
+        assert!(line.contains("integer column"), "{line}");
+        assert!(!line.contains('\n'));
+    }
+}
+
+async fn a_plants_id_that_is_not_unique_is_refused_at_start(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    // A unique index with a condition does not make every id name one row.
+    db.execute(
+        "CREATE TABLE plants (id BIGINT NOT NULL, name TEXT);
+         CREATE UNIQUE INDEX plants_named_id ON plants (id) WHERE name IS NOT NULL;",
+    )
+    .await;
+
+    for line in refusals(&db).await {
+        assert!(line.contains("plants.id"), "{line}");
+        assert!(line.contains("is not unique"), "{line}");
+        assert!(line.contains("unique index on plants (id)"), "{line}");
+    }
+}
+
+async fn a_unique_index_on_plants_id_is_enough(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    db.execute(
+        "CREATE TABLE plants (id BIGINT NOT NULL, name TEXT);
+         CREATE UNIQUE INDEX plants_id ON plants (id);
+         INSERT INTO plants (id, name) VALUES (1, 'fern');",
+    )
+    .await;
+    let app = spawn_app_on(db, |_| {}).await;
+
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+    assert!(!app.db.plant_exists(1).await);
+}
 
 /// The owner's schema: more columns than the service knows, and an orders table that
 /// references plants.

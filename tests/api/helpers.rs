@@ -97,6 +97,32 @@ impl TestDb {
         }
     }
 
+    /// The PostgreSQL database made for this test.
+    pub fn postgres_name(&self) -> &str {
+        self.postgres_name.as_deref().expect("a PostgreSQL test")
+    }
+
+    /// Runs SQL as the server's admin, outside this test's database (for `ALTER DATABASE`
+    /// and for ending the service's sessions).
+    pub async fn admin(&self, sql: String) {
+        let mut conn = PgConnection::connect(&postgres_admin_url())
+            .await
+            .expect("an admin connection");
+        conn.execute(sqlx::AssertSqlSafe(sql.clone()))
+            .await
+            .unwrap_or_else(|err| panic!("admin SQL failed: {err}\n{sql}"));
+    }
+
+    /// Ends every session the service holds on this test's database.
+    pub async fn terminate_service_sessions(&self) {
+        self.admin(format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE datname = '{}' AND application_name = 'plantstore'",
+            self.postgres_name()
+        ))
+        .await;
+    }
+
     /// Runs setup SQL (one or more statements).
     pub async fn execute(&self, sql: &'static str) {
         match &self.pool {
@@ -169,7 +195,7 @@ impl Drop for TestDb {
     }
 }
 
-fn postgres_admin_url() -> String {
+pub fn postgres_admin_url() -> String {
     std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
 }
 
@@ -199,6 +225,7 @@ pub fn test_config(database_url: &str) -> Config {
         db_acquire_timeout: Duration::from_millis(1500),
         db_max_connections: 5,
         shutdown_grace: Duration::from_secs(1),
+        request_timeout: Duration::from_secs(10),
         rate_limit: RateLimit(None),
     }
 }

@@ -10,11 +10,16 @@ use tokio::{
     task::{JoinHandle, JoinSet},
 };
 
-use crate::helpers::{Backend, DbPool, TestDb, assert_error, spawn_app_on};
+use crate::{
+    helpers::{Backend, DbPool, TestDb, assert_error, spawn_app_on},
+    on_both_backends,
+};
 
-async fn assert_unavailable(response: reqwest::Response) {
+on_both_backends!(a_request_past_its_deadline_is_503_on_time_and_loses_nothing);
+
+async fn assert_unavailable(response: reqwest::Response) -> serde_json::Value {
     let retry_after = response.headers().get(header::RETRY_AFTER).cloned();
-    assert_error(response, StatusCode::SERVICE_UNAVAILABLE).await;
+    let body = assert_error(response, StatusCode::SERVICE_UNAVAILABLE).await;
     let seconds = retry_after.expect("Retry-After is sent");
     assert!(
         seconds
@@ -22,6 +27,46 @@ async fn assert_unavailable(response: reqwest::Response) {
             .ok()
             .and_then(|s| s.parse::<u32>().ok())
             .is_some()
+    );
+    body
+}
+
+/// One deadline covers the whole request: with the database held by another session for
+/// longer than any of the service's waits, the answer is a 503 at the deadline, not after
+/// the connection wait and the lock wait added up. Whatever the held commit does once it
+/// is let go, the table and the audit agree.
+async fn a_request_past_its_deadline_is_503_on_time_and_loses_nothing(backend: Backend) {
+    let db = TestDb::new(backend).await;
+    let app = spawn_app_on(db, |config| {
+        config.request_timeout = std::time::Duration::from_secs(1);
+        config.db_acquire_timeout = std::time::Duration::from_secs(6);
+    })
+    .await;
+    app.add_plants(&[1]).await;
+    let hold = app.db.hold_writes().await;
+
+    let started = std::time::Instant::now();
+    let response = app.delete("1").await;
+    let took = started.elapsed();
+
+    let body = assert_unavailable(response).await;
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("in time")),
+        "{body}"
+    );
+    // A correctness bound, not a speed target: the deadline, plus a wide margin.
+    assert!(
+        took >= std::time::Duration::from_secs(1) && took < std::time::Duration::from_secs(3),
+        "answered after {took:?}"
+    );
+    hold.release().await;
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        app.db.plant_exists(1).await,
+        app.db.deletions(1).await.is_empty(),
+        "gone exactly when audited"
     );
 }
 
@@ -150,6 +195,69 @@ async fn postgres_a_connection_lost_mid_batch_answers_503_and_loses_nothing() {
         assert!(!app.db.plant_exists(*id).await);
         assert_eq!(app.db.deletions(*id).await.len(), 1, "plant {id}");
     }
+}
+
+/// PostgreSQL: the database refuses new connections (`ALLOW_CONNECTIONS false`, the
+/// service's sessions ended): an error while getting a connection is a 503, whatever its
+/// SQLSTATE, and `/readyz` says so; both recover once connections are allowed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_refusing_connections_is_503_then_recovers() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = spawn_app_on(db, |config| {
+        config.db_acquire_timeout = std::time::Duration::from_millis(500)
+    })
+    .await;
+    app.add_plants(&[1]).await;
+    let name = app.db.postgres_name().to_owned();
+
+    app.db
+        .admin(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
+        .await;
+    app.db.terminate_service_sessions().await;
+
+    assert_unavailable(app.delete("1").await).await;
+    assert_unavailable(app.get("/readyz").await).await;
+    assert!(app.db.plant_exists(1).await);
+
+    app.db
+        .admin(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
+        .await;
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+}
+
+/// PostgreSQL: a server that takes no writes now (read-only after a failover, or in
+/// recovery) answers 503 to deletes and to `/readyz`, and nothing is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_read_only_is_503_then_recovers() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let app = spawn_app_on(db, |_| {}).await;
+    app.add_plants(&[1]).await;
+    let name = app.db.postgres_name().to_owned();
+
+    app.db
+        .admin(format!(
+            "ALTER DATABASE {name} SET default_transaction_read_only = on"
+        ))
+        .await;
+    app.db.terminate_service_sessions().await;
+
+    // The first meets the session the termination ended, the second a read-only one.
+    assert_unavailable(app.delete("1").await).await;
+    assert_unavailable(app.delete("1").await).await;
+    assert_unavailable(app.get("/readyz").await).await;
+    assert!(app.db.plant_exists(1).await);
+    assert!(app.db.deletions(1).await.is_empty());
+
+    app.db
+        .admin(format!(
+            "ALTER DATABASE {name} RESET default_transaction_read_only"
+        ))
+        .await;
+    app.db.terminate_service_sessions().await;
+    let _ = app.get("/readyz").await;
+    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
 }
 
 /// A TCP forwarder whose cut closes every connection and refuses new ones.

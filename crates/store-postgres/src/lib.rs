@@ -8,8 +8,8 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, Store, StoreError, TokenRecord, probe,
-    schema_verdict,
+    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, SchemaFacts, Store, StoreError,
+    TokenRecord, probe, schema_verdict,
 };
 use sqlx::{
     Postgres,
@@ -21,14 +21,15 @@ use tokio::sync::Semaphore;
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// SQLSTATE classes and codes after which the same request may well succeed later:
-/// connection exceptions, insufficient resources, operator intervention, and the
-/// serialization failures a retry resolves.
-/// Also lock_not_available and query_canceled: what `lock_timeout` (or a DBA's timeout)
-/// raises when another session holds the row too long.
-const TRANSIENT_CLASSES: [&str; 2] = ["08", "53"];
-const TRANSIENT_CODES: [&str; 7] = [
-    "57P01", "57P02", "57P03", "40001", "40P01", "55P03", "57014",
-];
+/// connection exceptions, insufficient resources, operator intervention (shutdowns,
+/// `cannot_connect_now`), the serialization failures a retry resolves, and a server that
+/// will not take writes now (`read_only_sql_transaction`: in recovery, or read-only after a
+/// failover). Also lock_not_available and query_canceled: what `lock_timeout` (or a DBA's
+/// timeout) raises when another session holds the row too long. Whatever fails while a
+/// connection is being got or opened is unavailable too, whatever its code (see
+/// `connection`).
+const TRANSIENT_CLASSES: [&str; 3] = ["08", "53", "57P"];
+const TRANSIENT_CODES: [&str; 5] = ["25006", "40001", "40P01", "55P03", "57014"];
 
 /// How many group commits one instance keeps in flight, each on its own connection. Two
 /// let one batch execute while the other waits for its WAL flush; more lanes made
@@ -42,6 +43,12 @@ pub struct PostgresStore {
     pool: PgPool,
     writer: Arc<PgWriter>,
     batcher: Batcher,
+}
+
+impl PostgresStore {
+    async fn connection(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        self.pool.acquire().await.map_err(unavailable)
+    }
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -117,6 +124,13 @@ async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx:
     Ok(())
 }
 
+/// Any failure to get a connection (refused, database gone or not accepting connections,
+/// password rotated, too many clients, TLS refused, pool exhausted) means the database
+/// cannot serve now: decided by where it happened, not by a list of codes.
+fn unavailable(err: sqlx::Error) -> StoreError {
+    StoreError::Unavailable(Arc::new(err))
+}
+
 fn classify(err: sqlx::Error) -> StoreError {
     StoreError::classify(err, |db| {
         db.code().is_some_and(|code| {
@@ -150,7 +164,7 @@ impl PgWriter {
             .and_then(Vec::pop);
         match kept {
             Some(conn) => Ok(conn),
-            None => self.pool.acquire().await.map_err(classify),
+            None => self.pool.acquire().await.map_err(unavailable),
         }
     }
 
@@ -237,6 +251,7 @@ impl BatchWriter for PgWriter {
             .map_err(|_| StoreError::Stopped)?;
         // Waits for a held row up to `lock_timeout`; a concurrent delete of the same row
         // commits first and this one then finds nothing: one 204.
+        let mut conn = self.pool.acquire().await.map_err(unavailable)?;
         let deleted = sqlx::query_scalar!(
             "WITH deleted AS (DELETE FROM plants WHERE id = $1::BIGINT RETURNING id)
              INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
@@ -246,7 +261,7 @@ impl BatchWriter for PgWriter {
             deletion.caller.as_ref(),
             deletion.request_id,
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *conn)
         .await
         .map_err(classify)?;
         Ok(if deleted.is_empty() {
@@ -266,27 +281,48 @@ impl Store for PostgresStore {
 
     #[tracing::instrument(skip(self))]
     async fn check_schema(&self) -> Result<(), StoreError> {
-        // to_regclass resolves through search_path, as the service's own queries do.
+        // to_regclass resolves through search_path, as the service's own queries do. A
+        // unique index counts only on exactly (id) and without a WHERE clause.
         let found = sqlx::query!(
-            r#"SELECT
-                EXISTS (SELECT 1 FROM pg_attribute
-                        WHERE attrelid = to_regclass('plants') AND attname = 'id'
-                          AND NOT attisdropped) AS "plants_id!",
-                (to_regclass('plantstore_tokens') IS NOT NULL
-                 AND to_regclass('plantstore_deletions') IS NOT NULL) AS "own_tables!""#
+            r#"WITH id AS (
+                   SELECT attnum, atttypid, format_type(atttypid, atttypmod) AS type_name
+                   FROM pg_attribute
+                   WHERE attrelid = to_regclass('plants') AND attname = 'id' AND NOT attisdropped
+               )
+               SELECT
+                   (SELECT type_name FROM id) AS "id_type?",
+                   COALESCE((SELECT atttypid IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype)
+                             FROM id), false) AS "id_is_integer!",
+                   EXISTS (SELECT 1 FROM pg_index i, id
+                           WHERE i.indrelid = to_regclass('plants') AND i.indisunique
+                             AND i.indnkeyatts = 1 AND i.indkey[0] = id.attnum
+                             AND i.indpred IS NULL) AS "id_is_unique!",
+                   (to_regclass('plantstore_tokens') IS NOT NULL
+                    AND to_regclass('plantstore_deletions') IS NOT NULL) AS "own_tables!""#
         )
-        .fetch_one(&self.pool)
+        .fetch_one(&mut *self.connection().await?)
         .await
         .map_err(classify)?;
-        schema_verdict(found.plants_id, found.own_tables)
+        schema_verdict(&SchemaFacts {
+            plants_id_type: found.id_type,
+            plants_id_is_integer: found.id_is_integer,
+            plants_id_is_unique: found.id_is_unique,
+            has_own_tables: found.own_tables,
+        })
     }
 
     #[tracing::instrument(skip(self))]
     async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query!("SELECT 1 AS one")
-            .fetch_all(&self.pool)
-            .await
-            .map_err(classify)?;
+        // Ready means able to delete: a server that takes no writes is not.
+        let read_only = sqlx::query_scalar!(
+            r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
+        )
+        .fetch_all(&mut *self.connection().await?)
+        .await
+        .map_err(classify)?;
+        if read_only.first().copied().unwrap_or(true) {
+            return Err(StoreError::ReadOnly);
+        }
         Ok(())
     }
 
@@ -303,7 +339,7 @@ impl Store for PostgresStore {
              ON CONFLICT (id) DO NOTHING",
             count
         )
-        .execute(&self.pool)
+        .execute(&mut *self.connection().await?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
@@ -321,7 +357,7 @@ impl Store for PostgresStore {
             token.expires_at,
             token.revoked_at,
         )
-        .execute(&self.pool)
+        .execute(&mut *self.connection().await?)
         .await
         .map_err(classify)?;
         Ok(())
@@ -334,7 +370,7 @@ impl Store for PostgresStore {
             "SELECT name, lookup_id, secret_hash, created_at, expires_at, revoked_at
              FROM plantstore_tokens ORDER BY created_at, name"
         )
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *self.connection().await?)
         .await
         .map_err(classify)
     }
@@ -346,7 +382,7 @@ impl Store for PostgresStore {
             at,
             name
         )
-        .execute(&self.pool)
+        .execute(&mut *self.connection().await?)
         .await
         .map_err(classify)?;
         if done.rows_affected() == 0 {
@@ -358,7 +394,7 @@ impl Store for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn count_tokens(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar!(r#"SELECT COUNT(*) AS "count!" FROM plantstore_tokens"#)
-            .fetch_one(&self.pool)
+            .fetch_one(&mut *self.connection().await?)
             .await
             .map_err(classify)
     }

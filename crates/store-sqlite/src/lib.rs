@@ -6,8 +6,8 @@ use std::{collections::HashSet, str::FromStr, sync::Arc};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, Store, StoreError, TokenRecord, probe,
-    schema_verdict,
+    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, SchemaFacts, Store, StoreError,
+    TokenRecord, probe, schema_verdict,
 };
 use sqlx::{
     Connection, Sqlite,
@@ -20,9 +20,14 @@ use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
-/// SQLite result codes (low byte of the extended code) that mean "busy, try again".
+/// SQLite result codes (low byte of the extended code) after which the same request may
+/// well succeed later: busy or locked by another connection, the file read-only or
+/// unreadable now, a disk I/O error, the disk full, the file not openable.
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
 
 #[derive(Debug, Clone)]
@@ -129,7 +134,17 @@ fn classify(err: sqlx::Error) -> StoreError {
             .code()
             .and_then(|code| code.parse::<i32>().ok())
             .map(|code| code & 0xff);
-        matches!(primary, Some(SQLITE_BUSY | SQLITE_LOCKED | SQLITE_CANTOPEN))
+        matches!(
+            primary,
+            Some(
+                SQLITE_BUSY
+                    | SQLITE_LOCKED
+                    | SQLITE_READONLY
+                    | SQLITE_IOERR
+                    | SQLITE_FULL
+                    | SQLITE_CANTOPEN
+            )
+        )
     })
 }
 
@@ -216,16 +231,36 @@ impl Store for SqliteStore {
 
     #[tracing::instrument(skip(self))]
     async fn check_schema(&self) -> Result<(), StoreError> {
+        // INTEGER affinity is any declared type containing "INT" (SQLite's own rule). Unique:
+        // the whole primary key, or a unique index on exactly (id) without a WHERE clause.
         let found = sqlx::query!(
             r#"SELECT
-                (SELECT COUNT(*) FROM pragma_table_info('plants') WHERE name = 'id') AS "plants_id!: i64",
+                (SELECT '' || type FROM pragma_table_info('plants') WHERE name = 'id') AS "id_type?: String",
+                (SELECT instr(upper(type), 'INT') > 0 FROM pragma_table_info('plants') WHERE name = 'id') AS "id_is_integer?: bool",
+                ((SELECT pk FROM pragma_table_info('plants') WHERE name = 'id') = 1
+                 AND (SELECT COUNT(*) FROM pragma_table_info('plants') WHERE pk > 0) = 1)
+                OR EXISTS (SELECT 1 FROM pragma_index_list('plants') AS il
+                           WHERE il."unique" = 1 AND il.partial = 0
+                             AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
+                             AND (SELECT name FROM pragma_index_info(il.name)) = 'id') AS "id_is_unique!: bool",
                 (SELECT COUNT(*) FROM sqlite_master
                   WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions')) AS "own_tables!: i64""#
         )
         .fetch_one(&self.readers)
         .await
         .map_err(classify)?;
-        schema_verdict(found.plants_id > 0, found.own_tables == 2)
+        schema_verdict(&SchemaFacts {
+            plants_id_type: found.id_type.map(|declared| {
+                if declared.is_empty() {
+                    "(no declared type)".to_owned()
+                } else {
+                    declared
+                }
+            }),
+            plants_id_is_integer: found.id_is_integer.unwrap_or(false),
+            plants_id_is_unique: found.id_is_unique,
+            has_own_tables: found.own_tables == 2,
+        })
     }
 
     #[tracing::instrument(skip(self))]

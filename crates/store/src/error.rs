@@ -35,6 +35,11 @@ pub enum StoreError {
     #[error("migration failed: {0}")]
     Migrate(#[source] Arc<sqlx::migrate::MigrateError>),
 
+    /// The database answers but takes no writes now (in recovery, or read-only after a
+    /// failover).
+    #[error("the database accepts no writes now")]
+    ReadOnly,
+
     /// The store is shutting down, or a worker of it stopped before answering.
     #[error("the store stopped before answering")]
     Stopped,

@@ -43,7 +43,8 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// Applies this backend's migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
 
-    /// Checks, without changing anything, that the schema the service needs is present.
+    /// Checks, without changing anything, that the schema the service needs is present
+    /// and usable: `plants.id` an integer that names one row, and the service's tables.
     async fn check_schema(&self) -> Result<(), StoreError>;
 
     /// Answers once the database answers a trivial query.
@@ -84,14 +85,37 @@ pub struct PoolSettings {
     pub acquire_timeout: std::time::Duration,
 }
 
+/// What a backend found in its catalog about the tables the service uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaFacts {
+    /// The declared type of `plants.id`; `None` when there is no such column.
+    pub plants_id_type: Option<String>,
+    /// An integer type: smallint, integer or bigint (SQLite: INTEGER affinity).
+    pub plants_id_is_integer: bool,
+    /// A primary key or unique index on exactly `(id)`, with no condition: one id can
+    /// never name, and so never delete, several rows.
+    pub plants_id_is_unique: bool,
+    pub has_own_tables: bool,
+}
+
 /// What `Store::check_schema` reports, given what a backend found in its catalog.
-pub fn schema_verdict(has_plants_id: bool, has_own_tables: bool) -> Result<(), StoreError> {
-    if !has_plants_id {
+pub fn schema_verdict(facts: &SchemaFacts) -> Result<(), StoreError> {
+    let Some(id_type) = &facts.plants_id_type else {
         return Err(StoreError::Schema(
             "the database has no plants.id column: create the plants table, or start with PLANTSTORE_MIGRATE=true".into(),
         ));
+    };
+    if !facts.plants_id_is_integer {
+        return Err(StoreError::Schema(format!(
+            "plants.id is of type {id_type}: the service needs an integer column (smallint, integer or bigint) to delete plants by id"
+        )));
     }
-    if !has_own_tables {
+    if !facts.plants_id_is_unique {
+        return Err(StoreError::Schema(format!(
+            "plants.id ({id_type}) is not unique: add a primary key or a unique index on plants (id), so that one id can never delete several rows"
+        )));
+    }
+    if !facts.has_own_tables {
         return Err(StoreError::Schema(
             "the service's own tables are missing: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
         ));
