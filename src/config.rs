@@ -53,6 +53,17 @@ pub struct Config {
           value_parser = parse_duration, global = true)]
     pub request_timeout: Duration,
 
+    /// Closes a client connection that sent nothing for this long while the server waited
+    /// for it (an idle keep-alive, or a request header that stopped halfway)
+    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration, global = true)]
+    pub idle_timeout: Duration,
+
+    /// Most client connections open at once; past it, new ones wait until one closes
+    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..), global = true)]
+    pub max_connections: u32,
+
     /// Most database connections this instance opens
     #[arg(long, env = "PLANTSTORE_DB_MAX_CONNECTIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..), global = true)]

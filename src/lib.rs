@@ -5,6 +5,7 @@ pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod error;
 pub mod middleware;
 pub mod ops;

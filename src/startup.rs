@@ -9,7 +9,10 @@ use poem::{
     listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
 };
 
-use crate::{app, config::Config, rate_limit::RateLimiter, state::AppState, store, tokens};
+use crate::{
+    app, config::Config, connections::CappedAcceptor, rate_limit::RateLimiter, state::AppState,
+    store, tokens,
+};
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
 /// so `run_until_stopped` only serves.
@@ -19,6 +22,8 @@ pub struct Application {
     state: AppState,
     initial_token: Option<String>,
     shutdown_grace: Duration,
+    idle_timeout: Duration,
+    max_connections: usize,
 }
 
 impl Application {
@@ -49,6 +54,8 @@ impl Application {
             state,
             initial_token,
             shutdown_grace: config.shutdown_grace,
+            idle_timeout: config.idle_timeout,
+            max_connections: config.max_connections as usize,
         })
     }
 
@@ -69,7 +76,8 @@ impl Application {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
-        let served = Server::new_with_acceptor(self.acceptor)
+        let acceptor = CappedAcceptor::new(self.acceptor, self.max_connections, self.idle_timeout);
+        let served = Server::new_with_acceptor(acceptor)
             .run_with_graceful_shutdown(app::build(self.state), shutdown, Some(self.shutdown_grace))
             .await;
         store.close().await;

@@ -226,6 +226,8 @@ pub fn test_config(database_url: &str) -> Config {
         db_max_connections: 5,
         shutdown_grace: Duration::from_secs(1),
         request_timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(60),
+        max_connections: 1024,
         rate_limit: RateLimit(None),
     }
 }

@@ -4,6 +4,7 @@ mod helpers;
 
 mod auth;
 mod cli;
+mod connections;
 mod contract;
 mod delete;
 mod existing_database;
