@@ -5,10 +5,9 @@ use std::{collections::HashMap, time::Duration};
 
 use futures::future::join_all;
 use reqwest::StatusCode;
-use sqlx::Executor;
 
 use crate::{
-    helpers::{Backend, DbPool, TestApp, TestDb, assert_request_id, spawn_app_on},
+    helpers::{Backend, TestApp, TestDb, assert_request_id, spawn_app_on},
     on_both_backends,
 };
 
@@ -208,14 +207,7 @@ async fn postgres_a_held_row_does_not_stall_its_neighbours() {
     let neighbours: Vec<i64> = (2..=21).collect();
     app.add_plants(&[1]).await;
     app.add_plants(&neighbours).await;
-    let DbPool::Postgres(pool) = &app.db.pool else {
-        unreachable!("a PostgreSQL test")
-    };
-    let mut holder = pool.begin().await.expect("a transaction");
-    holder
-        .execute("SELECT id FROM plants WHERE id = 1 FOR UPDATE")
-        .await
-        .expect("lock the row");
+    let holder = app.db.hold_row(1).await;
 
     let held = tokio::spawn({
         let (client, address, token) = (app.client.clone(), app.address.clone(), app.token.clone());

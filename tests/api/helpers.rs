@@ -428,6 +428,23 @@ impl TestDb {
     }
 }
 
+impl TestDb {
+    /// PostgreSQL: another session's transaction holding one plant's row (`FOR UPDATE`);
+    /// rolling it back lets the row go.
+    pub async fn hold_row(&self, id: i64) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let DbPool::Postgres(pool) = &self.pool else {
+            panic!("row locks are a PostgreSQL test")
+        };
+        let mut holder = pool.begin().await.expect("a transaction");
+        sqlx::query("SELECT id FROM plants WHERE id = $1 FOR UPDATE")
+            .bind(id)
+            .execute(&mut *holder)
+            .await
+            .expect("lock the row");
+        holder
+    }
+}
+
 impl WriteHold {
     pub async fn release(self) {
         match self {

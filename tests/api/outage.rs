@@ -4,14 +4,13 @@
 use std::net::SocketAddr;
 
 use reqwest::{StatusCode, header};
-use sqlx::Executor;
 use tokio::{
     net::{TcpListener, TcpStream},
     task::{JoinHandle, JoinSet},
 };
 
 use crate::{
-    helpers::{Backend, DbPool, TestDb, assert_error, spawn_app_on},
+    helpers::{Backend, TestDb, assert_error, spawn_app_on},
     on_both_backends,
 };
 
@@ -79,19 +78,12 @@ async fn sqlite_busy_past_the_timeout_is_503_then_recovers() {
     })
     .await;
     app.add_plants(&[1]).await;
-    let DbPool::Sqlite(pool) = &app.db.pool else {
-        unreachable!("a SQLite test")
-    };
-    let mut writer = pool.acquire().await.expect("a connection");
-    writer
-        .execute("BEGIN IMMEDIATE")
-        .await
-        .expect("take the write lock");
+    let writer = app.db.hold_writes().await;
 
     assert_unavailable(app.delete("1").await).await;
     assert!(app.db.plant_exists(1).await);
 
-    writer.execute("ROLLBACK").await.expect("release the lock");
+    writer.release().await;
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
 }
 
@@ -129,14 +121,7 @@ async fn postgres_row_held_past_the_timeout_is_503_then_recovers() {
     })
     .await;
     app.add_plants(&[1]).await;
-    let DbPool::Postgres(pool) = &app.db.pool else {
-        unreachable!("a PostgreSQL test")
-    };
-    let mut holder = pool.begin().await.expect("a transaction");
-    holder
-        .execute("SELECT id FROM plants WHERE id = 1 FOR UPDATE")
-        .await
-        .expect("lock the row");
+    let holder = app.db.hold_row(1).await;
 
     assert_unavailable(app.delete("1").await).await;
     assert!(app.db.plant_exists(1).await);
