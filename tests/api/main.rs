@@ -12,3 +12,4 @@ mod group_commit;
 mod ops;
 mod outage;
 mod routing;
+mod security;
