@@ -359,6 +359,15 @@ async fn json_logs_carry_the_request_id_and_never_a_token() {
         "the request's log line names its request id"
     );
     assert!(!log.contains(&secret), "the token's secret is never logged");
+    // Nor its stored hash, in hex or as the list of bytes a `Debug` would print.
+    let hash = <sha2::Sha256 as sha2::Digest>::digest(secret.as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    let bytes = format!("{:?}", hash.iter().collect::<Vec<_>>());
+    assert!(
+        !log.to_lowercase().contains(&hex),
+        "the hash is never logged"
+    );
+    assert!(!log.contains(&bytes[1..bytes.len() - 1]), "nor its bytes");
     assert!(
         !log.contains(&wrong[wrong.len() - 40..]),
         "nor a presented one"
