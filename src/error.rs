@@ -233,7 +233,7 @@ impl ApiResponse for ApiError {
             (500, "Unexpected error", None),
             (
                 503,
-                "The database is unreachable or busy",
+                "The database is unreachable, busy or taking no writes, or the request passed its deadline",
                 Some("Retry-After"),
             ),
         ];
