@@ -58,22 +58,7 @@ pub enum DbPool {
 impl TestDb {
     pub async fn new(backend: Backend) -> Self {
         match backend {
-            Backend::Sqlite => {
-                let dir = tempfile::tempdir().expect("temp dir");
-                let url = format!(
-                    "sqlite://{}?mode=rwc",
-                    dir.path().join("plantstore.db").display()
-                );
-                let pool = SqlitePool::connect(&url)
-                    .await
-                    .expect("open the test SQLite file");
-                Self {
-                    url,
-                    pool: DbPool::Sqlite(pool),
-                    _dir: Some(dir),
-                    postgres_name: None,
-                }
-            }
+            Backend::Sqlite => Self::sqlite_in(tempfile::tempdir().expect("temp dir")).await,
             Backend::Postgres => {
                 let admin = postgres_admin_url();
                 let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|err| {
@@ -94,6 +79,23 @@ impl TestDb {
                     postgres_name: Some(name),
                 }
             }
+        }
+    }
+
+    /// A fresh SQLite file in `dir`, which lives as long as the test database.
+    pub async fn sqlite_in(dir: tempfile::TempDir) -> Self {
+        let url = format!(
+            "sqlite://{}?mode=rwc",
+            dir.path().join("plantstore.db").display()
+        );
+        let pool = SqlitePool::connect(&url)
+            .await
+            .expect("open the test SQLite file");
+        Self {
+            url,
+            pool: DbPool::Sqlite(pool),
+            _dir: Some(dir),
+            postgres_name: None,
         }
     }
 

@@ -10,7 +10,7 @@ use tokio::{
 };
 
 use crate::{
-    helpers::{Backend, TestDb, assert_error, spawn_app_on},
+    helpers::{Backend, DbPool, TestDb, assert_error, spawn_app_on},
     on_both_backends,
 };
 
@@ -85,6 +85,118 @@ async fn sqlite_busy_past_the_timeout_is_503_then_recovers() {
 
     writer.release().await;
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+}
+
+/// SQLite on a filesystem that fills up: deletes answer 503 (the disk is full), none is
+/// lost or made up, and once space is freed the file passes `PRAGMA integrity_check` and
+/// deletes work again. Mounts a 2 MiB tmpfs, so it needs root (as CI has).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_a_full_disk_is_503_and_loses_nothing() {
+    let dir = tempfile::tempdir().expect("dir");
+    let mount = Tmpfs::mount(dir.path(), "2m");
+    let app = spawn_app_on(TestDb::sqlite_in(dir).await, |_| {}).await;
+    app.db
+        .execute(
+            "WITH RECURSIVE seq(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM seq WHERE n < 2000)
+             INSERT INTO plants (id, name) SELECT n, 'fern' FROM seq",
+        )
+        .await;
+    let filler = mount.fill();
+
+    let ids: Vec<i64> = (1..=2000).collect();
+    let mut answers = Vec::new();
+    for chunk in ids.chunks(50) {
+        let statuses = futures::future::join_all(chunk.iter().map(|id| app.delete_id(*id))).await;
+        answers.extend(statuses.into_iter().map(|r| r.status()));
+    }
+
+    let full = answers
+        .iter()
+        .filter(|s| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .count();
+    assert!(full > 0, "the disk filled up and deletes said so");
+    for (id, status) in ids.iter().zip(&answers) {
+        let gone = !app.db.plant_exists(*id).await;
+        let audited = app.db.deletions(*id).await.len();
+        match *status {
+            StatusCode::NO_CONTENT => assert!(gone && audited == 1, "lost delete of {id}"),
+            StatusCode::SERVICE_UNAVAILABLE => {
+                assert_eq!(gone, audited == 1, "plant {id}: gone exactly when audited")
+            }
+            other => panic!("plant {id}: {other}"),
+        }
+    }
+    drop(filler);
+    let DbPool::Sqlite(pool) = &app.db.pool else {
+        unreachable!("a SQLite test")
+    };
+    let check: String = sqlx::query_scalar("PRAGMA integrity_check")
+        .fetch_one(pool)
+        .await
+        .expect("integrity check");
+    assert_eq!(check, "ok");
+    let kept = ids
+        .iter()
+        .zip(&answers)
+        .find(|(_, s)| **s == StatusCode::SERVICE_UNAVAILABLE)
+        .map(|(id, _)| *id)
+        .expect("a refused delete");
+    let expected = if app.db.plant_exists(kept).await {
+        StatusCode::NO_CONTENT
+    } else {
+        StatusCode::NOT_FOUND
+    };
+    assert_eq!(app.delete_id(kept).await.status(), expected);
+}
+
+/// A small tmpfs mounted over a test's folder, unmounted (lazily, as files may still be
+/// open) when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(path: &std::path::Path, size: &str) -> Self {
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("run mount");
+        assert!(
+            mounted.success(),
+            "this test mounts a tmpfs: run it as root, as CI does"
+        );
+        Self(path.to_owned())
+    }
+
+    /// Writes a file until the filesystem is full; removing the file frees the space.
+    fn fill(&self) -> Filler {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut file = std::fs::File::create(&path).expect("filler file");
+        let chunk = vec![0u8; 4096];
+        while file
+            .write_all(&chunk)
+            .and_then(|()| file.sync_all())
+            .is_ok()
+        {}
+        Filler(path)
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+struct Filler(std::path::PathBuf);
+
+impl Drop for Filler {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// PostgreSQL: the server becomes unreachable (a proxy in between is cut), then returns.
@@ -207,8 +319,26 @@ async fn postgres_refusing_connections_is_503_then_recovers() {
     app.db
         .admin(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
         .await;
-    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
-    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+    recovers_to(StatusCode::OK, || app.get("/readyz")).await;
+    recovers_to(StatusCode::NO_CONTENT, || app.delete("1")).await;
+}
+
+/// Once the database serves again: connections are not pinged before use, so each pooled
+/// one that died answers one more 503 as it is found dead and replaced, never a 500;
+/// after a few, the answer is `expected`.
+async fn recovers_to<F, Fut>(expected: StatusCode, mut send: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = reqwest::Response>,
+{
+    for _ in 0..5 {
+        let answer = send().await;
+        if answer.status() == expected {
+            return;
+        }
+        assert_unavailable(answer).await;
+    }
+    assert_eq!(send().await.status(), expected);
 }
 
 /// PostgreSQL: a server that takes no writes now (read-only after a failover, or in
@@ -240,9 +370,8 @@ async fn postgres_read_only_is_503_then_recovers() {
         ))
         .await;
     app.db.terminate_service_sessions().await;
-    let _ = app.get("/readyz").await;
-    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
-    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+    recovers_to(StatusCode::OK, || app.get("/readyz")).await;
+    recovers_to(StatusCode::NO_CONTENT, || app.delete("1")).await;
 }
 
 /// A TCP forwarder whose cut closes every connection and refuses new ones.

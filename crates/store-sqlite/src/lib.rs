@@ -10,13 +10,13 @@ use plantstore_store::{
     TokenRecord, probe, schema_verdict,
 };
 use sqlx::{
-    Connection, Sqlite,
+    Connection, Sqlite, SqliteConnection,
     pool::PoolConnection,
     sqlite::{
         SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
     },
 };
-use tokio::sync::{MappedMutexGuard, Mutex, MutexGuard};
+use tokio::sync::{Mutex, MutexGuard};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -49,12 +49,12 @@ struct WriteConnection {
 
 impl WriteConnection {
     /// Waits for the writer: whoever holds it holds this process's write access.
-    async fn lock(&self) -> Result<MappedMutexGuard<'_, PoolConnection<Sqlite>>, StoreError> {
+    async fn lock(&self) -> Result<Writer<'_>, StoreError> {
         let mut kept = self.kept.lock().await;
         if kept.is_none() {
             *kept = Some(self.pool.acquire().await.map_err(classify)?);
         }
-        MutexGuard::try_map(kept, Option::as_mut).map_err(|_| StoreError::Stopped)
+        Ok(Writer(kept))
     }
 
     /// sqlx's migrator takes a pool; the kept connection goes back to it for the run,
@@ -68,6 +68,23 @@ impl WriteConnection {
     async fn close(&self) {
         drop(self.kept.lock().await.take());
         self.pool.close().await;
+    }
+}
+
+/// Holding the writer. A batch that failed closes it rather than keeping it: a commit that
+/// failed (a full disk) left sqlx believing a transaction was still open on it, and every
+/// later `BEGIN` on that connection was refused.
+struct Writer<'a>(MutexGuard<'a, Option<PoolConnection<Sqlite>>>);
+
+impl Writer<'_> {
+    fn conn(&mut self) -> Result<&mut SqliteConnection, StoreError> {
+        self.0.as_deref_mut().ok_or(StoreError::Stopped)
+    }
+
+    async fn discard(mut self) {
+        if let Some(conn) = self.0.take() {
+            let _closed = conn.close().await;
+        }
     }
 }
 
@@ -157,55 +174,12 @@ struct SqliteWriter {
 impl BatchWriter for SqliteWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
-        let ids = to_json(&batch.iter().map(|d| d.plant_id).collect::<Vec<_>>())?;
-        // IMMEDIATE takes the write lock up front: another process's writer makes this wait
-        // on the busy timeout instead of failing to upgrade a read lock.
-        let mut conn = self.connection.lock().await?;
-        let mut tx = (**conn)
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(classify)?;
-        let deleted: HashSet<i64> = sqlx::query_scalar!(
-            r#"DELETE FROM plants WHERE id IN (SELECT value FROM json_each(?)) RETURNING id AS "id!: i64""#,
-            ids
-        )
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(classify)?
-        .into_iter()
-        .collect();
-        let outcomes: Vec<Outcome> = batch
-            .iter()
-            .map(|d| {
-                if deleted.contains(&d.plant_id) {
-                    Outcome::Deleted
-                } else {
-                    Outcome::NotFound
-                }
-            })
-            .collect();
-        if !deleted.is_empty() {
-            let audit: Vec<(i64, &str, &str)> = batch
-                .iter()
-                .zip(&outcomes)
-                .filter(|(_, outcome)| **outcome == Outcome::Deleted)
-                .map(|(d, _)| (d.plant_id, d.caller.as_ref(), d.request_id.as_str()))
-                .collect();
-            let audit = to_json(&audit)?;
-            let now = Utc::now();
-            sqlx::query!(
-                "INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-                 SELECT value ->> 0, value ->> 1, value ->> 2, ? FROM json_each(?)",
-                now,
-                audit,
-            )
-            .execute(&mut *tx)
-            .await
-            .map_err(classify)?;
+        let mut writer = self.connection.lock().await?;
+        let committed = commit_batch(writer.conn()?, batch).await;
+        if committed.is_err() {
+            writer.discard().await;
         }
-        // Deferred foreign keys are checked here; `classify` still reports them by kind.
-        tx.commit().await.map_err(classify)?;
-        Ok(outcomes)
+        committed
     }
 
     /// SQLite has no row locks to wait for: one deletion alone is a batch of one.
@@ -213,6 +187,58 @@ impl BatchWriter for SqliteWriter {
         let outcomes = self.delete_batch(std::slice::from_ref(deletion)).await?;
         Ok(outcomes.first().copied().unwrap_or(Outcome::NotFound))
     }
+}
+
+/// One batch on the writer: one transaction, two statements.
+async fn commit_batch(
+    conn: &mut SqliteConnection,
+    batch: &[Deletion],
+) -> Result<Vec<Outcome>, StoreError> {
+    let ids = to_json(&batch.iter().map(|d| d.plant_id).collect::<Vec<_>>())?;
+    // IMMEDIATE takes the write lock up front: another process's writer makes this wait on
+    // the busy timeout instead of failing to upgrade a read lock.
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+    let deleted: HashSet<i64> = sqlx::query_scalar!(
+        r#"DELETE FROM plants WHERE id IN (SELECT value FROM json_each(?)) RETURNING id AS "id!: i64""#,
+        ids
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(classify)?
+    .into_iter()
+    .collect();
+    let outcomes: Vec<Outcome> = batch
+        .iter()
+        .map(|d| {
+            if deleted.contains(&d.plant_id) {
+                Outcome::Deleted
+            } else {
+                Outcome::NotFound
+            }
+        })
+        .collect();
+    if !deleted.is_empty() {
+        let audit: Vec<(i64, &str, &str)> = batch
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == Outcome::Deleted)
+            .map(|(d, _)| (d.plant_id, d.caller.as_ref(), d.request_id.as_str()))
+            .collect();
+        let audit = to_json(&audit)?;
+        let now = Utc::now();
+        sqlx::query!(
+            "INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
+             SELECT value ->> 0, value ->> 1, value ->> 2, ? FROM json_each(?)",
+            now,
+            audit,
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+    }
+    // Deferred foreign keys are checked here; `classify` still reports them by kind.
+    tx.commit().await.map_err(classify)?;
+    Ok(outcomes)
 }
 
 /// Batches travel as JSON arrays: SQLite has no array parameters, and `json_each` keeps
@@ -286,7 +312,7 @@ impl Store for SqliteStore {
              ON CONFLICT (id) DO NOTHING",
             count
         )
-        .execute(&mut **self.writer.lock().await?)
+        .execute(self.writer.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
@@ -304,7 +330,7 @@ impl Store for SqliteStore {
             token.expires_at,
             token.revoked_at,
         )
-        .execute(&mut **self.writer.lock().await?)
+        .execute(self.writer.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(())
@@ -332,7 +358,7 @@ impl Store for SqliteStore {
             at,
             name
         )
-        .execute(&mut **self.writer.lock().await?)
+        .execute(self.writer.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         if done.rows_affected() == 0 {
