@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Soak: a long run of mixed hits, misses and 401s at 64 connections on each backend.
+
+Start it through bench/soak (which builds and installs what is missing). For each backend it
+serves a fresh database under three concurrent wrk streams (4 connections deleting existing
+plants, 30 asking for missing ones with the token, 30 without a token) for SOAK_SECONDS
+(default 600), samples the service every 5 s, and fails unless:
+- every answer was the expected one (204, 404, 401) and no socket error or timeout happened;
+- RSS at the end is less than 10 % above RSS after the warm-up (the first tenth of the run,
+  at least 30 s);
+- open file descriptors and PostgreSQL connections stayed flat after the warm-up (within 4).
+Never run by CI: it takes 2 x SOAK_SECONDS.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench  # noqa: E402  (the benchmark's helpers: databases, service, wrk)
+
+STREAMS = {"hit": 4, "miss": 30, "noauth": 30}
+EXPECT = {"hit": "204", "miss": "404", "noauth": "401"}
+# Ids reserved per second for the hit stream (4 connections delete a few thousand a second).
+HIT_IDS_PER_SECOND = 8_000
+SAMPLE_S = 5.0
+FLAT = 4
+
+
+def rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def open_fds(pid: int) -> int | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def sampler(pid: int, pg: bench.Postgres | None, stop: threading.Event, samples: list):
+    started = time.monotonic()
+    while not stop.wait(SAMPLE_S):
+        connections = None
+        if pg is not None:
+            connections = pg.scalar(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'plantstore'"
+            )
+        samples.append((time.monotonic() - started, rss_mib(pid), open_fds(pid), connections))
+
+
+def spread(values: list) -> int:
+    values = [v for v in values if v is not None]
+    return (max(values) - min(values)) if values else 0
+
+
+def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: str) -> bool:
+    pg = None
+    if backend == "postgres":
+        pg = bench.Postgres(pg_admin, "plantstore_soak")
+        pg.recreate()
+        url = pg.url
+    else:
+        sq = bench.Sqlite(work / "soak.db")
+        sq.remove()
+        url = sq.url
+    rows = seconds * HIT_IDS_PER_SECOND
+    try:
+        svc.cli(url, "migrate")
+        svc.cli(url, "seed", "--count", str(rows))
+        token = svc.cli(url, "token", "create", "--name", "soak").strip().splitlines()[-1]
+        port = bench.free_port()
+        logfile = work / f"soak-{backend}.log"
+        proc = svc.start(url, port, logfile)
+        bench.wait_ready(proc, port, "/readyz", 200, logfile, 30.0, time.perf_counter())
+
+        stop, samples = threading.Event(), []
+        watcher = threading.Thread(target=sampler, args=(proc.pid, pg, stop, samples))
+        watcher.start()
+        # Misses and 401s ask for ids far above any seeded one.
+        firsts = {"hit": 1, "miss": 10**12, "noauth": 2 * 10**12}
+        ends = {"hit": rows + 1, "miss": 2 * 10**12, "noauth": 3 * 10**12}
+        with ThreadPoolExecutor(len(STREAMS)) as pool:
+            runs = {
+                mode: pool.submit(bench.run_wrk, port, mode, conns, firsts[mode], ends[mode],
+                                  seconds, token, work / f"soak-{backend}-{mode}.txt")
+                for mode, conns in STREAMS.items()
+            }
+            results = {mode: future.result() for mode, future in runs.items()}
+        stop.set()
+        watcher.join()
+        bench.PROCS.stop(proc)
+        bench.trim_log(logfile)
+    finally:
+        if pg is not None:
+            pg.drop()
+
+    ok = True
+    print(f"\n## {backend}: {seconds} s, 64 connections (hits {STREAMS['hit']}, "
+          f"misses {STREAMS['miss']}, 401s {STREAMS['noauth']})")
+    for mode, data in results.items():
+        odd = bench.unexpected(data, EXPECT[mode])
+        ok &= not odd
+        print(f"- {mode}: {data['requests']:,} requests, {data['rps']} req/s, "
+              f"unexpected: {bench.fmt_unexpected(odd)}")
+    warm = max(30.0, seconds / 10)
+    after = [s for s in samples if s[0] >= warm]
+    if not after:
+        print("- too short to judge memory: no sample after the warm-up")
+        return False
+    rss_start, rss_end = after[0][1], after[-1][1]
+    growth = (rss_end - rss_start) / rss_start * 100 if rss_start else 0.0
+    fds = spread([s[2] for s in after])
+    conns = spread([s[3] for s in after])
+    print(f"- RSS after warm-up {rss_start:.1f} MiB, at the end {rss_end:.1f} MiB: "
+          f"{growth:+.1f} % (limit +10 %)")
+    print(f"- open fds after warm-up: {min(s[2] for s in after)}-{max(s[2] for s in after)} "
+          f"(spread {fds}, limit {FLAT})")
+    if pg is not None:
+        print(f"- PostgreSQL connections after warm-up: spread {conns} (limit {FLAT}), "
+              f"max {max(s[3] for s in after)}")
+    ok &= growth < 10.0 and fds <= FLAT and conns <= FLAT
+    print(f"- {'OK' if ok else 'FAIL'}")
+    return ok
+
+
+def main() -> int:
+    seconds = bench.env_int("SOAK_SECONDS", 600)
+    root = Path(__file__).resolve().parent.parent
+    work = root / "bench" / "out" / "soak"
+    work.mkdir(parents=True, exist_ok=True)
+    binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", root / "target/release/plantstore"))
+    pg_admin = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+    svc = bench.Service(binary, work)
+    try:
+        results = [soak(backend, svc, seconds, work, pg_admin) for backend in ("sqlite", "postgres")]
+    finally:
+        bench.PROCS.stop_all()
+    print("\nsoak:", "all OK" if all(results) else "FAILED")
+    return 0 if all(results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
