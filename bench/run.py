@@ -413,14 +413,19 @@ def trim_log(path: Path, keep: int = 40) -> int:
     return n
 
 
-def vm_hwm_mib(pid: int) -> float | None:
+def proc_status_mib(pid: int, field: str) -> float | None:
+    """A memory figure of /proc/PID/status (such as VmHWM or VmRSS), in MiB."""
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1]) / 1024
     except OSError:
         pass
     return None
+
+
+def vm_hwm_mib(pid: int) -> float | None:
+    return proc_status_mib(pid, "VmHWM")
 
 
 # --------------------------------------------------------------------------------------------

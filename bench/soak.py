@@ -32,16 +32,6 @@ SAMPLE_S = 5.0
 FLAT = 4
 
 
-def rss_mib(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
-
-
 def open_fds(pid: int) -> int | None:
     try:
         return len(os.listdir(f"/proc/{pid}/fd"))
@@ -58,7 +48,9 @@ def sampler(pid: int, pg: bench.Postgres | None, stop: threading.Event, samples:
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE datname = current_database() AND application_name = 'plantstore'"
             )
-        samples.append((time.monotonic() - started, rss_mib(pid), open_fds(pid), connections))
+        samples.append(
+            (time.monotonic() - started, bench.proc_status_mib(pid, "VmRSS"), open_fds(pid), connections)
+        )
 
 
 def spread(values: list) -> int:

@@ -13,7 +13,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use crate::{Deletion, StoreError};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
-pub const MAX_BATCH: usize = 256;
+const MAX_BATCH: usize = 256;
 /// Requests that may wait for a lane; past it, senders wait too.
 const QUEUE_DEPTH: usize = 4 * MAX_BATCH;
 

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 mod batcher;
 mod error;
 
-pub use batcher::{BatchWriter, Batcher, MAX_BATCH, Outcome};
+pub use batcher::{BatchWriter, Batcher, Outcome};
 pub use error::StoreError;
 
 /// A request to delete one plant, with what its audit row records: who asked, and in
