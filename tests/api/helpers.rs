@@ -48,6 +48,8 @@ pub struct TestDb {
     _dir: Option<tempfile::TempDir>,
     /// The PostgreSQL database to drop when the test ends.
     postgres_name: Option<String>,
+    /// PostgreSQL: the admin URL of the server holding the test's database.
+    admin_url: String,
 }
 
 pub enum DbPool {
@@ -59,26 +61,31 @@ impl TestDb {
     pub async fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sqlite => Self::sqlite_in(tempfile::tempdir().expect("temp dir")).await,
-            Backend::Postgres => {
-                let admin = postgres_admin_url();
-                let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|err| {
-                    panic!("the PostgreSQL tests need a server: set {POSTGRES_URL_VAR} (tried {admin}): {err}")
-                });
-                let name = format!("plantstore_test_{}", uuid::Uuid::new_v4().simple());
-                conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                    .await
-                    .expect("create the test database");
-                let url = with_database(&admin, &name);
-                let pool = PgPool::connect(&url)
-                    .await
-                    .expect("connect to the test database");
-                Self {
-                    url,
-                    pool: DbPool::Postgres(pool),
-                    _dir: None,
-                    postgres_name: Some(name),
-                }
-            }
+            Backend::Postgres => Self::postgres_on(postgres_admin_url()).await,
+        }
+    }
+
+    /// A fresh database on the PostgreSQL server behind `admin`.
+    pub async fn postgres_on(admin: String) -> Self {
+        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|err| {
+            panic!(
+                "the PostgreSQL tests need a server: set {POSTGRES_URL_VAR} (tried {admin}): {err}"
+            )
+        });
+        let name = format!("plantstore_test_{}", uuid::Uuid::new_v4().simple());
+        conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create the test database");
+        let url = with_database(&admin, &name);
+        let pool = PgPool::connect(&url)
+            .await
+            .expect("connect to the test database");
+        Self {
+            url,
+            pool: DbPool::Postgres(pool),
+            _dir: None,
+            postgres_name: Some(name),
+            admin_url: admin,
         }
     }
 
@@ -96,6 +103,7 @@ impl TestDb {
             pool: DbPool::Sqlite(pool),
             _dir: Some(dir),
             postgres_name: None,
+            admin_url: String::new(),
         }
     }
 
@@ -107,7 +115,7 @@ impl TestDb {
     /// Runs SQL as the server's admin, outside this test's database (for `ALTER DATABASE`
     /// and for ending the service's sessions).
     pub async fn admin(&self, sql: String) {
-        let mut conn = PgConnection::connect(&postgres_admin_url())
+        let mut conn = PgConnection::connect(&self.admin_url)
             .await
             .expect("an admin connection");
         conn.execute(sqlx::AssertSqlSafe(sql.clone()))
@@ -179,13 +187,14 @@ impl Drop for TestDb {
         let Some(name) = self.postgres_name.take() else {
             return;
         };
+        let admin = std::mem::take(&mut self.admin_url);
         let dropped = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .ok()?;
             runtime.block_on(async {
-                let mut conn = PgConnection::connect(&postgres_admin_url()).await.ok()?;
+                let mut conn = PgConnection::connect(&admin).await.ok()?;
                 let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
                 conn.execute(sqlx::AssertSqlSafe(sql)).await.ok()
             })

@@ -11,5 +11,7 @@ mod existing_database;
 mod group_commit;
 mod ops;
 mod outage;
+mod pg_server;
 mod routing;
 mod security;
+mod under_load;
