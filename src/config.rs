@@ -59,6 +59,12 @@ pub struct Config {
           value_parser = parse_duration, global = true)]
     pub idle_timeout: Duration,
 
+    /// Longest a request's headers may take to arrive, counted from the connection's start
+    /// or the request's first byte; past it the answer is 408 and the connection closes
+    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration, global = true)]
+    pub header_timeout: Duration,
+
     /// Most client connections open at once; past it, new ones wait until one closes
     #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
           value_parser = clap::value_parser!(u32).range(1..), global = true)]

@@ -1,6 +1,11 @@
 //! The service's one HTTP error type, and the only place errors become responses.
 
 use plantstore_store::StoreError;
+
+use crate::{
+    connections::head::{MAX_HEAD_BYTES, MAX_HEADER_LINES},
+    request_id::{self, RequestId},
+};
 use poem::{
     Response,
     error::{MethodNotAllowedError, NotFoundError, ResponseError},
@@ -39,6 +44,13 @@ pub enum ApiError {
     Unavailable,
     #[error("request deadline passed")]
     DeadlineExceeded,
+    /// The request head did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
+    #[error("request head too slow")]
+    HeaderTimeout,
+    #[error("request line too long")]
+    UriTooLong,
+    #[error("request head too large")]
+    HeadTooLarge,
     #[error("internal error")]
     Internal,
 }
@@ -114,6 +126,15 @@ impl ApiError {
             ApiError::DeadlineExceeded => {
                 "The request did not finish in time; retry in a few seconds.".into()
             }
+            ApiError::HeaderTimeout => {
+                "The request headers did not arrive in time, so the connection was closed.".into()
+            }
+            ApiError::UriTooLong => format!(
+                "The request line is longer than {MAX_HEAD_BYTES} bytes."
+            ),
+            ApiError::HeadTooLarge => format!(
+                "The request headers are longer than {MAX_HEAD_BYTES} bytes or more than {MAX_HEADER_LINES} lines."
+            ),
             ApiError::Internal => {
                 "The server hit an unexpected error; the x-request-id header identifies it in the logs.".into()
             }
@@ -156,21 +177,18 @@ impl ResponseError for ApiError {
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Rejected(status) => *status,
             ApiError::Unavailable | ApiError::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
+            ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
+            ApiError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     fn as_response(&self) -> Response {
-        let status = self.status();
-        let body = ErrorBody {
-            error: i32::from(status.as_u16()),
-            message: self.message(),
-        };
-        let json = serde_json::to_vec(&body).unwrap_or_default();
         let mut response = Response::builder()
-            .status(status)
+            .status(self.status())
             .content_type("application/json")
-            .body(json);
+            .body(self.json());
         let headers = response.headers_mut();
         match self {
             ApiError::Unauthorized { token_sent } => {
@@ -199,6 +217,38 @@ impl ResponseError for ApiError {
             _ => {}
         }
         response
+    }
+}
+
+impl ApiError {
+    fn json(&self) -> Vec<u8> {
+        let body = ErrorBody {
+            error: i32::from(self.status().as_u16()),
+            message: self.message(),
+        };
+        serde_json::to_vec(&body).unwrap_or_default()
+    }
+
+    /// The same answer as `as_response`, as HTTP/1.1 bytes to write straight to a client
+    /// connection from below hyper (see `connections`), which is closed after it.
+    pub fn to_http1(&self, request_id: &RequestId) -> Vec<u8> {
+        let response = self.as_response();
+        let body = self.json();
+        let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
+        for (name, value) in response.headers() {
+            out.extend_from_slice(name.as_str().as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        let rest = format!(
+            "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+            request_id::HEADER,
+            body.len()
+        );
+        out.extend_from_slice(rest.as_bytes());
+        out.extend_from_slice(&body);
+        out
     }
 }
 

@@ -19,7 +19,12 @@ impl RequestId {
             .and_then(|value| value.to_str().ok())
             .filter(|id| is_sane(id))
             .map(|id| Self(id.to_owned()))
-            .unwrap_or_else(|| Self(uuid::Uuid::new_v4().to_string()))
+            .unwrap_or_else(Self::generate)
+    }
+
+    /// A new random id, for a request that brought none.
+    pub fn generate() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
     }
 
     pub fn as_str(&self) -> &str {

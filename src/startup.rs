@@ -10,7 +10,11 @@ use poem::{
 };
 
 use crate::{
-    app, config::Config, connections::CappedAcceptor, rate_limit::RateLimiter, state::AppState,
+    app,
+    config::Config,
+    connections::{CappedAcceptor, ClientLimits},
+    rate_limit::RateLimiter,
+    state::AppState,
     store, tokens,
 };
 
@@ -22,8 +26,7 @@ pub struct Application {
     state: AppState,
     initial_token: Option<String>,
     shutdown_grace: Duration,
-    idle_timeout: Duration,
-    max_connections: usize,
+    client_limits: ClientLimits,
 }
 
 impl Application {
@@ -54,8 +57,11 @@ impl Application {
             state,
             initial_token,
             shutdown_grace: config.shutdown_grace,
-            idle_timeout: config.idle_timeout,
-            max_connections: config.max_connections as usize,
+            client_limits: ClientLimits {
+                max_open: config.max_connections as usize,
+                idle_timeout: config.idle_timeout,
+                header_timeout: config.header_timeout,
+            },
         })
     }
 
@@ -76,7 +82,7 @@ impl Application {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
-        let acceptor = CappedAcceptor::new(self.acceptor, self.max_connections, self.idle_timeout);
+        let acceptor = CappedAcceptor::new(self.acceptor, self.client_limits);
         let served = Server::new_with_acceptor(acceptor)
             .run_with_graceful_shutdown(app::build(self.state), shutdown, Some(self.shutdown_grace))
             .await;

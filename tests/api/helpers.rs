@@ -238,6 +238,7 @@ pub fn test_config(database_url: &str) -> Config {
         shutdown_grace: Duration::from_secs(1),
         request_timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(60),
+        header_timeout: Duration::from_secs(10),
         max_connections: 1024,
         rate_limit: RateLimit(None),
     }
