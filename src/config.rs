@@ -153,25 +153,30 @@ impl DatabaseUrl {
 
     /// The URL with any password replaced by `***`. Built to be safe on malformed input
     /// too (it is shown in the very error that says the URL is bad): without `://` only
-    /// the scheme shows, the user info ends at the last `@` (a password may hold `/`), and
-    /// every query parameter named like a password is masked.
+    /// the scheme shows; the user info ends at the last `@` anywhere, since a password
+    /// may hold `/`, `?` or `#` unencoded (masking too much of an odd URL is harmless);
+    /// and every query parameter named like a password is masked.
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             let scheme = self.0.split(':').next().unwrap_or_default();
             return format!("{scheme}:***");
         };
+        let (credentials, rest) = match rest.rsplit_once('@') {
+            Some((userinfo, after)) => match userinfo.split_once(':') {
+                Some((user, _password)) if !user.contains(['/', '?', '#']) => {
+                    (format!("{user}:***@"), after)
+                }
+                // A user name alone, or an `@` past the host: nothing to show safely.
+                _ if userinfo.contains(['/', '?', '#', '=', '&']) => ("***@".to_owned(), after),
+                _ => (format!("{userinfo}@"), after),
+            },
+            None => (String::new(), rest),
+        };
         let (main, query) = rest
             .split_once('?')
             .map_or((rest, None), |(m, q)| (m, Some(q)));
-        let main = match main.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _password)) => format!("{user}:***@{host}"),
-                None => main.to_owned(),
-            },
-            None => main.to_owned(),
-        };
         let Some(query) = query else {
-            return format!("{scheme}://{main}");
+            return format!("{scheme}://{credentials}{main}");
         };
         let query: Vec<String> = query
             .split('&')
@@ -182,7 +187,7 @@ impl DatabaseUrl {
                 _ => pair.to_owned(),
             })
             .collect();
-        format!("{scheme}://{main}?{}", query.join("&"))
+        format!("{scheme}://{credentials}{main}?{}", query.join("&"))
     }
 }
 
@@ -248,6 +253,11 @@ mod tests {
             in_query.to_string(),
             "postgres://db/plants?user=app&password=***&sslmode=require"
         );
+        // Found by fuzz/run config: unencoded `?`, `/` or `@` in a password.
+        let odd = url("postgres://app:pa?ss/w@rd@db/plants");
+        assert_eq!(odd.to_string(), "postgres://app:***@db/plants");
+        let at_in_query = url("postgres://db/plants?password=hunter2@x");
+        assert!(!at_in_query.to_string().contains("hunter2"));
     }
 
     #[test]

@@ -47,6 +47,9 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
             request_id = %request_id,
         );
         req.extensions_mut().insert(request_id.clone());
+        if let Some(uri) = routes::with_decodable_path(req.uri()) {
+            *req.uri_mut() = uri;
+        }
 
         let mut response = match self.inner.call(req).instrument(span.clone()).await {
             Ok(output) => output.into_response(),
