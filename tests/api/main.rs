@@ -13,5 +13,6 @@ mod ops;
 mod outage;
 mod pg_server;
 mod routing;
+mod scale_out;
 mod security;
 mod under_load;

@@ -1,0 +1,78 @@
+//! Several instances on one database: a revoked token is refused by every one of them
+//! within a second, each having used (and so cached) it just before.
+
+use std::time::{Duration, Instant};
+
+use plantstore::{startup::Application, tokens};
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::{Backend, assert_error, spawn_app, test_config},
+    on_both_backends,
+};
+
+on_both_backends!(a_token_revoked_is_refused_by_every_instance_within_a_second);
+
+const INSTANCES: usize = 3;
+
+async fn a_token_revoked_is_refused_by_every_instance_within_a_second(backend: Backend) {
+    let first = spawn_app(backend).await;
+    let mut addresses = vec![first.address.clone()];
+    for _ in 1..INSTANCES {
+        let other = Application::build(&test_config(&first.db.url))
+            .await
+            .expect("another instance starts");
+        addresses.push(format!("http://{}", other.address()));
+        tokio::spawn(other.run_until_stopped(std::future::pending()));
+    }
+    let store = plantstore::startup::open_store(&test_config(&first.db.url))
+        .await
+        .expect("the store, as `plantstore token` opens it");
+    let token = tokens::create(store.as_ref(), "fleet", None)
+        .await
+        .expect("token created");
+    let delete_on = |address: &str| {
+        first
+            .client
+            .delete(format!("{address}/plants/99"))
+            .bearer_auth(&token)
+            .send()
+    };
+    for address in &addresses {
+        let answer = delete_on(address).await.expect("answer");
+        assert_eq!(
+            answer.status(),
+            StatusCode::NOT_FOUND,
+            "{address} takes the token"
+        );
+    }
+
+    tokens::revoke(store.as_ref(), "fleet")
+        .await
+        .expect("revoked");
+    let revoked_at = Instant::now();
+
+    let refused_after = futures::future::join_all(addresses.iter().map(|address| async move {
+        loop {
+            let answer = delete_on(address).await.expect("answer");
+            if answer.status() == StatusCode::UNAUTHORIZED {
+                let after = revoked_at.elapsed();
+                assert_error(answer, StatusCode::UNAUTHORIZED).await;
+                return after;
+            }
+            assert_eq!(answer.status(), StatusCode::NOT_FOUND);
+            assert!(
+                revoked_at.elapsed() < Duration::from_secs(1),
+                "{address} still took the revoked token after a second"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }))
+    .await;
+    eprintln!("refused after {refused_after:?}");
+    assert!(
+        refused_after
+            .iter()
+            .all(|after| *after < Duration::from_secs(1))
+    );
+}
