@@ -37,7 +37,10 @@ fuzz_target!(|input: Input| {
     // Long enough not to turn up by chance, and not a part of the rest of the URL.
     let elsewhere = url.replacen(&format!(":{secret}@"), ":@", 1);
     if secret.len() >= 4 && !elsewhere.contains(secret.as_str()) && secret != "***" {
-        assert!(!redacted.contains(secret.as_str()), "{redacted:?} shows the password of {url:?}");
+        assert!(
+            !redacted.contains(secret.as_str()),
+            "{redacted:?} shows the password of {url:?}"
+        );
     }
     let argv = std::iter::once("plantstore".to_owned()).chain(input.args);
     let _ = Cli::try_parse_from(argv);

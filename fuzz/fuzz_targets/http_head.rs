@@ -16,12 +16,20 @@ struct Input {
 
 /// Feeds `bytes` in reads of the given sizes; returns the first refusal and the byte
 /// offset of the read it came in, or the scanner's final state.
-fn scan(bytes: &[u8], sizes: &mut dyn Iterator<Item = usize>, answer_at: Option<usize>) -> (Verdict, usize, bool, bool) {
+fn scan(
+    bytes: &[u8],
+    sizes: &mut dyn Iterator<Item = usize>,
+    answer_at: Option<usize>,
+) -> (Verdict, usize, bool, bool) {
     let mut scanner = HeadScanner::default();
     let mut at = 0;
     let mut reads = 0;
     while at < bytes.len() {
-        let size = sizes.next().unwrap_or(bytes.len()).max(1).min(bytes.len() - at);
+        let size = sizes
+            .next()
+            .unwrap_or(bytes.len())
+            .max(1)
+            .min(bytes.len() - at);
         let end = at + size;
         let verdict = scanner.feed(&bytes[at..end]);
         if verdict != Verdict::Fine {
@@ -33,11 +41,20 @@ fn scan(bytes: &[u8], sizes: &mut dyn Iterator<Item = usize>, answer_at: Option<
         reads += 1;
         at = end;
     }
-    (Verdict::Fine, at, scanner.in_head(), scanner.awaiting_head())
+    (
+        Verdict::Fine,
+        at,
+        scanner.in_head(),
+        scanner.awaiting_head(),
+    )
 }
 
 fuzz_target!(|input: Input| {
-    let Input { bytes, splits, answered_after } = input;
+    let Input {
+        bytes,
+        splits,
+        answered_after,
+    } = input;
     if answered_after.is_some() {
         // Where the answer falls depends on the split, so only "no panic" holds here.
         let mut sizes = splits.iter().map(|&s| usize::from(s));
@@ -47,17 +64,25 @@ fuzz_target!(|input: Input| {
     let (whole, _, whole_in_head, whole_awaiting) = scan(&bytes, &mut std::iter::empty(), None);
     let mut one_by_one = std::iter::repeat(1);
     let (single, single_end, in_head, awaiting) = scan(&bytes, &mut one_by_one, None);
-    assert_eq!(whole, single, "the verdict depends on how the bytes were split");
+    assert_eq!(
+        whole, single,
+        "the verdict depends on how the bytes were split"
+    );
     let mut sizes = splits.iter().map(|&s| usize::from(s));
     let (split, _, split_in_head, split_awaiting) = scan(&bytes, &mut sizes, None);
-    assert_eq!(whole, split, "the verdict depends on how the bytes were split");
+    assert_eq!(
+        whole, split,
+        "the verdict depends on how the bytes were split"
+    );
     if whole == Verdict::Fine {
         assert_eq!((whole_in_head, whole_awaiting), (in_head, awaiting));
         assert_eq!((split_in_head, split_awaiting), (in_head, awaiting));
     } else {
         // A refusal needs more than the limit's worth of bytes.
-        assert!(single_end > plantstore::connections::head::MAX_HEAD_BYTES
-            || bytes[..single_end].iter().filter(|&&b| b == b'\n').count()
-                > plantstore::connections::head::MAX_HEADER_LINES);
+        assert!(
+            single_end > plantstore::connections::head::MAX_HEAD_BYTES
+                || bytes[..single_end].iter().filter(|&&b| b == b'\n').count()
+                    > plantstore::connections::head::MAX_HEADER_LINES
+        );
     }
 });

@@ -39,7 +39,9 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
     let url = format!("sqlite://{dir}/fuzz.db?mode=rwc");
     let cli = Cli::try_parse_from(["plantstore", "--database-url", &url]).expect("settings");
     let (app, token) = runtime.block_on(async {
-        let store = startup::open_store(&cli.config).await.expect("the store opens");
+        let store = startup::open_store(&cli.config)
+            .await
+            .expect("the store opens");
         store.seed_plants(SEEDED).await.expect("seed");
         let token = tokens::create(store.as_ref(), "fuzz", None)
             .await
@@ -47,7 +49,12 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
         let state = AppState::new(store, None, Duration::from_secs(5));
         (app::build(state).boxed(), token)
     });
-    Service { runtime, app, token, deleted: Mutex::new(HashSet::new()) }
+    Service {
+        runtime,
+        app,
+        token,
+        deleted: Mutex::new(HashSet::new()),
+    }
 });
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -69,14 +76,20 @@ struct Input {
 fuzz_target!(|input: Input| {
     let service = &*SERVICE;
     let path: String = input.id.iter().map(|b| format!("%{b:02X}")).collect();
-    let mut request = Request::builder()
-        .method(Method::DELETE)
-        .uri(format!("/plants/{path}").parse().expect("a percent-encoded path is a URI"));
+    let mut request = Request::builder().method(Method::DELETE).uri(
+        format!("/plants/{path}")
+            .parse()
+            .expect("a percent-encoded path is a URI"),
+    );
     match &input.auth {
-        Auth::Valid => request = request.header(header::AUTHORIZATION, format!("Bearer {}", service.token)),
+        Auth::Valid => {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {}", service.token))
+        }
         Auth::Absent => {}
         Auth::Raw(raw) => request = request.header(header::AUTHORIZATION, raw.as_slice()),
-        Auth::Bearer(text) => request = request.header(header::AUTHORIZATION, format!("Bearer {text}")),
+        Auth::Bearer(text) => {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {text}"))
+        }
     }
     if let Some(id) = &input.request_id {
         request = request.header("x-request-id", id.as_slice());
@@ -87,9 +100,15 @@ fuzz_target!(|input: Input| {
     if matches!(input.auth, Auth::Raw(_) | Auth::Bearer(_)) && !sent_auth {
         return;
     }
-    let sent_request_id = request.headers().get("x-request-id").map(|v| v.as_bytes().to_vec());
+    let sent_request_id = request
+        .headers()
+        .get("x-request-id")
+        .map(|v| v.as_bytes().to_vec());
 
-    let response = service.runtime.block_on(service.app.call(request)).expect("the app answers");
+    let response = service
+        .runtime
+        .block_on(service.app.call(request))
+        .expect("the app answers");
     let status = response.status();
 
     let expected = match (&input.auth, std::str::from_utf8(&input.id)) {
@@ -99,15 +118,27 @@ fuzz_target!(|input: Input| {
             Ok(id) => {
                 let live = (1..=SEEDED).contains(&id)
                     && service.deleted.lock().expect("not poisoned").insert(id);
-                vec![if live { StatusCode::NO_CONTENT } else { StatusCode::NOT_FOUND }]
+                vec![if live {
+                    StatusCode::NO_CONTENT
+                } else {
+                    StatusCode::NOT_FOUND
+                }]
             }
         },
         (Auth::Valid, Err(_)) => vec![StatusCode::BAD_REQUEST],
         _ => vec![StatusCode::UNAUTHORIZED],
     };
-    assert!(expected.contains(&status), "{status} for {input:?}, expected {expected:?}");
+    assert!(
+        expected.contains(&status),
+        "{status} for {input:?}, expected {expected:?}"
+    );
 
-    let request_id = response.headers().get("x-request-id").expect("x-request-id").as_bytes().to_vec();
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .expect("x-request-id")
+        .as_bytes()
+        .to_vec();
     match sent_request_id.filter(|id| sane(id)) {
         Some(sent) => assert_eq!(request_id, sent, "a sane request id is echoed"),
         None => assert_eq!(request_id.len(), 36, "a new UUID"),
@@ -117,7 +148,10 @@ fuzz_target!(|input: Input| {
     }
     if status != StatusCode::NO_CONTENT {
         assert_eq!(
-            response.headers().get(header::CONTENT_TYPE).map(|v| v.as_bytes()),
+            response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .map(|v| v.as_bytes()),
             Some(&b"application/json"[..])
         );
         let body = service
@@ -134,5 +168,7 @@ fuzz_target!(|input: Input| {
 /// The README's rule for a request id the service keeps: 1 to 128 of `A-Z a-z 0-9 - _ . :`.
 fn sane(id: &[u8]) -> bool {
     (1..=128).contains(&id.len())
-        && id.iter().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b))
+        && id
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(b))
 }
