@@ -3,10 +3,20 @@
 use std::sync::Arc;
 
 use plantstore_store::{Deletion, StoreError};
-use poem::web::Data;
+use poem::{
+    Endpoint, IntoResponse, Request, Response, Route, get,
+    http::Method,
+    web::{Data, Html, Redirect},
+};
 use poem_openapi::{ApiResponse, LicenseObject, OpenApi, OpenApiService, param::Path};
+use serde_json::{Value, json};
 
-use crate::{auth::BearerAuth, error::ApiError, request_id::RequestId, state::AppState};
+use crate::{
+    auth::BearerAuth,
+    error::ApiError,
+    request_id::{self, RequestId},
+    state::AppState,
+};
 
 pub struct PlantsApi;
 
@@ -57,4 +67,77 @@ pub fn service() -> OpenApiService<PlantsApi, ()> {
              deleting a plant.",
         )
         .license(LicenseObject::new("MIT"))
+}
+
+/// The OpenAPI document as served (`/openapi.json`, `/openapi.yaml`, `/docs`) and printed
+/// (`plantstore openapi`): poem-openapi's, plus what its response metadata cannot carry,
+/// an example `Error` body for each error status and `x-request-id` on every response.
+pub fn document() -> Value {
+    let mut document: Value =
+        serde_json::from_str(&service().spec()).expect("poem-openapi writes JSON");
+    let operations = document["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|methods| methods.values_mut());
+    for operation in operations {
+        let responses = operation["responses"].as_object_mut().into_iter().flatten();
+        for (status, response) in responses {
+            response["headers"][request_id::HEADER] = json!({
+                "description": "The request's id: the caller's own when it is 1 to 128 of A-Z a-z 0-9 - _ . : and else a new UUID; the same id is in the log line and the audit row",
+                "required": true,
+                "schema": {"type": "string"},
+            });
+            let example = status.parse().ok().and_then(ApiError::example_of);
+            if let (Some(example), Some(media)) =
+                (example, response.pointer_mut("/content/application~1json"))
+            {
+                media["example"] = json!(example.body());
+            }
+        }
+    }
+    document
+}
+
+/// The document's renderings, made once at start: `/openapi.json`, `/openapi.yaml`, and
+/// Swagger UI on `/docs` (poem-openapi's page, carrying this document instead of its own).
+pub fn document_routes() -> Route {
+    let document = document();
+    let json = document.to_string();
+    let yaml = serde_yaml::to_string(&document).unwrap_or_default();
+    let service = service();
+    let ui = service.swagger_ui_html().replace(&service.spec(), &json);
+    let serve = move |content_type: &'static str, body: String| {
+        get(poem::endpoint::make_sync(move |_| {
+            Response::builder()
+                .content_type(content_type)
+                .body(body.clone())
+        }))
+    };
+    Route::new()
+        .at(
+            "/openapi.json",
+            serve("application/json; charset=utf-8", json),
+        )
+        .at(
+            "/openapi.yaml",
+            serve("application/yaml; charset=utf-8", yaml),
+        )
+        .at(
+            "/docs",
+            get(poem::endpoint::make_sync(move |_| Html(ui.clone()))),
+        )
+}
+
+/// `/` leads a browser to Swagger UI. In front of the router, because the operations
+/// nested at `/` own that path there.
+pub async fn root_to_docs<E: Endpoint>(next: Arc<E>, req: Request) -> poem::Result<Response> {
+    if req.uri().path() != "/" {
+        return next.call(req).await.map(IntoResponse::into_response);
+    }
+    match *req.method() {
+        Method::GET | Method::HEAD => Ok(Redirect::see_other("/docs").into_response()),
+        _ => Err(ApiError::MethodNotAllowed { allow: "GET" }.into()),
+    }
 }

@@ -1,8 +1,6 @@
 //! The app factory: routes, shared state and the middleware every response goes through.
 
-use poem::{
-    Endpoint, EndpointExt, Response, Route, error::ResponseError, get, middleware::CatchPanic,
-};
+use poem::{Endpoint, EndpointExt, Response, error::ResponseError, get, middleware::CatchPanic};
 
 use crate::{
     api,
@@ -14,14 +12,12 @@ use crate::{
 
 /// The whole HTTP app the binary serves; tests serve this very value.
 pub fn build(state: AppState) -> impl Endpoint<Output = Response> {
-    let api = api::service();
     let deadline = state.request_timeout;
-    let routes = Route::new()
+    let routes = api::document_routes()
         .at("/healthz", get(ops::healthz))
         .at("/readyz", get(ops::readyz))
-        .at("/openapi.json", get(api.spec_endpoint()))
-        .nest("/docs", api.swagger_ui())
-        .nest("/", api);
+        .nest("/", api::service())
+        .around(api::root_to_docs);
     with_middleware(routes.data(state).with(Deadline(deadline)))
 }
 

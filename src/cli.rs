@@ -32,8 +32,12 @@ pub enum Command {
     Serve,
     /// Apply migrations and exit
     Migrate,
-    /// Print the OpenAPI document
-    Openapi,
+    /// Print the OpenAPI document the service serves
+    Openapi {
+        /// json (as /openapi.json) or yaml (as /openapi.yaml)
+        #[arg(long, value_enum, default_value_t = DocumentFormat::Json)]
+        format: DocumentFormat,
+    },
     /// Manage API tokens
     #[command(subcommand)]
     Token(TokenCommand),
@@ -42,6 +46,12 @@ pub enum Command {
         #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
         count: i64,
     },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DocumentFormat {
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Subcommand)]
@@ -72,8 +82,12 @@ impl Cli {
                 println!("migrations applied");
                 Ok(())
             }
-            Command::Openapi => {
-                println!("{}", api::service().spec());
+            Command::Openapi { format } => {
+                let document = api::document();
+                match format {
+                    DocumentFormat::Json => println!("{document:#}"),
+                    DocumentFormat::Yaml => print!("{}", serde_yaml::to_string(&document)?),
+                }
                 Ok(())
             }
             Command::Token(command) => token(&config, command).await,

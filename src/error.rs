@@ -221,12 +221,34 @@ impl ResponseError for ApiError {
 }
 
 impl ApiError {
-    fn json(&self) -> Vec<u8> {
-        let body = ErrorBody {
+    /// The body this error is answered with.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
             error: i32::from(self.status().as_u16()),
             message: self.message(),
-        };
-        serde_json::to_vec(&body).unwrap_or_default()
+        }
+    }
+
+    fn json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.body()).unwrap_or_default()
+    }
+
+    /// A typical error of each documented status, for the OpenAPI document's examples.
+    pub fn example_of(status: u16) -> Option<Self> {
+        Some(match status {
+            400 => ApiError::InvalidPlantId,
+            401 => ApiError::Unauthorized { token_sent: true },
+            403 => ApiError::Forbidden,
+            404 => ApiError::PlantNotFound(42),
+            405 => ApiError::MethodNotAllowed { allow: "DELETE" },
+            409 => ApiError::PlantReferenced(42),
+            429 => ApiError::RateLimited {
+                retry_after_secs: 1,
+            },
+            500 => ApiError::Internal,
+            503 => ApiError::Unavailable,
+            _ => return None,
+        })
     }
 
     /// The same answer as `as_response`, as HTTP/1.1 bytes to write straight to a client

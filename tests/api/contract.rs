@@ -71,17 +71,97 @@ async fn the_served_document_means_what_the_contract_says() {
 async fn the_openapi_command_prints_the_served_document() {
     let app = spawn_app(Backend::Sqlite).await;
     let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let served_yaml: Value = serde_yaml::from_str(
+        &app.get("/openapi.yaml")
+            .await
+            .text()
+            .await
+            .expect("a YAML body"),
+    )
+    .expect("YAML");
 
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
-        .arg("openapi")
-        .env_clear()
-        .current_dir(tempfile::tempdir().expect("dir").path())
-        .output()
-        .expect("run plantstore openapi");
+    let printed = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
+            .args(args)
+            .env_clear()
+            .current_dir(tempfile::tempdir().expect("dir").path())
+            .output()
+            .expect("run plantstore openapi");
+        assert!(output.status.success());
+        String::from_utf8(output.stdout).expect("UTF-8")
+    };
 
-    assert!(output.status.success());
-    let printed: Value = serde_json::from_slice(&output.stdout).expect("JSON on stdout");
-    assert_eq!(printed, served);
+    let json: Value = serde_json::from_str(&printed(&["openapi"])).expect("JSON on stdout");
+    assert_eq!(json, served);
+    let yaml: Value =
+        serde_yaml::from_str(&printed(&["openapi", "--format", "yaml"])).expect("YAML on stdout");
+    assert_eq!(yaml, served);
+    assert_eq!(served_yaml, served, "/openapi.yaml is /openapi.json");
+}
+
+/// Each error status's example is what the service really answers in that case, and every
+/// response declares `x-request-id`, as a client generator reads them.
+#[tokio::test]
+async fn the_examples_are_real_answers_and_every_header_is_declared() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let responses = &served["paths"]["/plants/{id}"]["delete"]["responses"];
+    let example =
+        |status: &str| responses[status]["content"]["application/json"]["example"].clone();
+
+    let real = |response: reqwest::Response| async move {
+        response.json::<Value>().await.expect("a JSON body")
+    };
+    assert_eq!(example("400"), real(app.delete("abc").await).await);
+    assert_eq!(
+        example("401"),
+        real(app.delete_with("1", Some("pst_unknown")).await).await
+    );
+    assert_eq!(example("404"), real(app.delete("42").await).await);
+    for (status, response) in responses.as_object().expect("responses") {
+        assert!(
+            response["headers"]["x-request-id"]["schema"]["type"] == "string",
+            "{status} declares x-request-id"
+        );
+        if status != "204" {
+            assert_eq!(
+                example(status)["error"],
+                status.parse::<u16>().expect("a status")
+            );
+        }
+    }
+    let declared = |status: &str, header: &str| !responses[status]["headers"][header].is_null();
+    assert!(declared("401", "WWW-Authenticate"));
+    assert!(declared("405", "Allow"));
+    assert!(declared("503", "Retry-After"));
+}
+
+/// Swagger UI shows the served document (examples included), and `/` leads a browser to it.
+#[tokio::test]
+async fn swagger_ui_carries_the_document_and_the_root_leads_to_it() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let page = app.get("/docs").await.text().await.expect("HTML");
+    assert!(page.contains("No plant with id 42 exists."));
+
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("a client");
+    let root = no_redirects
+        .get(format!("{}/", app.address))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(root.status(), reqwest::StatusCode::SEE_OTHER);
+    assert_eq!(root.headers()["location"], "/docs");
+    let delete_root = app
+        .client
+        .delete(format!("{}/", app.address))
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(delete_root.headers()["allow"], "GET");
+    crate::helpers::assert_error(delete_root, reqwest::StatusCode::METHOD_NOT_ALLOWED).await;
 }
 
 fn keys(value: &Value) -> Vec<String> {

@@ -16,7 +16,7 @@ on_both_backends!(
 async fn unknown_paths_are_404(backend: Backend) {
     let app = spawn_app(backend).await;
 
-    for path in ["/", "/plants", "/plants/", "/plants/1/leaves", "/nothing"] {
+    for path in ["/plants", "/plants/", "/plants/1/leaves", "/nothing"] {
         let response = app
             .client
             .delete(format!("{}{path}", app.address))
