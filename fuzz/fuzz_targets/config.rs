@@ -36,7 +36,8 @@ fuzz_target!(|input: Input| {
     let redacted = check_url(&url);
     // Long enough not to turn up by chance, and not a part of the rest of the URL.
     let elsewhere = url.replacen(&format!(":{secret}@"), ":@", 1);
-    if secret.len() >= 4 && !elsewhere.contains(secret.as_str()) && secret != "***" {
+    // (A secret with `*` could be spelled by the mask and what follows it.)
+    if secret.len() >= 4 && !elsewhere.contains(secret.as_str()) && !secret.contains('*') {
         assert!(
             !redacted.contains(secret.as_str()),
             "{redacted:?} shows the password of {url:?}"
