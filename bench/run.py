@@ -346,7 +346,7 @@ class Service:
         out = open(logfile, "ab")
         try:
             return PROCS.start(
-                [str(self.binary), "--database-url", url, "--listen", f"127.0.0.1:{port}", "serve"],
+                [str(self.binary), "--database-url", url, "serve", "--listen", f"127.0.0.1:{port}"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -2,12 +2,17 @@
 
 use std::time::Duration;
 
-use chrono::SecondsFormat;
-use clap::{Parser, Subcommand};
+use chrono::{DateTime, SecondsFormat, Utc};
+use std::io::Write;
+
+use clap::{
+    Args, CommandFactory, FromArgMatches, Parser, Subcommand, error::ErrorKind, parser::ValueSource,
+};
+use plantstore_store::TokenRecord;
 
 use crate::{
     api,
-    config::{Config, parse_duration},
+    config::{Config, ServeConfig, parse_duration},
     startup::{self, Application},
     tokens,
 };
@@ -29,7 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service (the default)
-    Serve,
+    Serve(ServeConfig),
     /// Apply migrations and exit
     Migrate,
     /// Print the OpenAPI document the service serves
@@ -43,8 +48,15 @@ pub enum Command {
     Token(TokenCommand),
     /// Insert demo plants 1..=COUNT that are missing
     Seed {
+        /// How many demo plants: ids 1 to COUNT
         #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
         count: i64,
+    },
+    /// Print a completion script for a shell, such as
+    /// `plantstore completions bash > /etc/bash_completion.d/plantstore`
+    Completions {
+        /// The shell to complete in
+        shell: clap_complete::Shell,
     },
 }
 
@@ -58,6 +70,8 @@ pub enum DocumentFormat {
 pub enum TokenCommand {
     /// Create a token and print it once, alone on the last line
     Create {
+        /// The token's name, shown in lists and in the audit row of each deletion: 1 to 64
+        /// letters, digits, '.', '_' or '-'
         #[arg(long)]
         name: String,
         /// Lifetime such as 90d, 12h or 5s (default: never expires)
@@ -65,16 +79,54 @@ pub enum TokenCommand {
         expires_in: Option<Duration>,
     },
     /// Show every token's name, creation, expiry and revocation (never the secret)
-    List,
+    List {
+        /// One JSON array instead of a table, times in RFC 3339 and null when unset
+        #[arg(long)]
+        json: bool,
+    },
     /// Make a token fail from now on
-    Revoke { name: String },
+    Revoke {
+        /// The name the token was created with
+        name: String,
+    },
 }
 
 impl Cli {
+    /// Parses the command line. The server's own flags stand alone (`plantstore --listen
+    /// …`) or after `serve`; given before a command they would be ignored, so that is an
+    /// error here rather than a surprise later.
+    pub fn try_parse_args(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        if let Some((name, _)) = matches.subcommand() {
+            let serve_only = ServeConfig::augment_args(clap::Command::new("serve"));
+            for arg in serve_only.get_arguments() {
+                if matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                    let flag = arg.get_long().unwrap_or_default();
+                    let message = if name == "serve" {
+                        format!("--{flag} goes after `serve`: plantstore serve --{flag} …")
+                    } else {
+                        format!("--{flag} is a setting of the server, not of `{name}`")
+                    };
+                    return Err(command.error(ErrorKind::ArgumentConflict, message));
+                }
+            }
+        }
+        Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+    }
+
     pub async fn run(self) -> anyhow::Result<()> {
-        let config = self.config;
-        match self.command.unwrap_or(Command::Serve) {
-            Command::Serve => serve(&config).await,
+        let mut config = self.config;
+        let Some(command) = self.command else {
+            return serve(&config).await;
+        };
+        match command {
+            Command::Serve(serve_config) => {
+                config.serve = serve_config;
+                serve(&config).await
+            }
             Command::Migrate => {
                 let mut config = config;
                 config.migrate = true;
@@ -91,6 +143,15 @@ impl Cli {
                 Ok(())
             }
             Command::Token(command) => token(&config, command).await,
+            Command::Completions { shell } => {
+                // Into a buffer first: clap_complete panics on a failed write (`| head`).
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut Cli::command(), "plantstore", &mut script);
+                std::io::stdout()
+                    .write_all(&script)
+                    .or_else(ignore_broken_pipe)?;
+                Ok(())
+            }
             Command::Seed { count } => {
                 let store = startup::open_store(&config).await?;
                 let added = store.seed_plants(count).await;
@@ -144,33 +205,58 @@ async fn token(config: &Config, command: TokenCommand) -> anyhow::Result<()> {
                     println!("{token}");
                 })
         }
-        TokenCommand::List => store.list_tokens().await.map_err(Into::into).map(|list| {
-            println!(
-                "{:<24} {:<20} {:<20} {:<20}",
-                "NAME", "CREATED", "EXPIRES", "REVOKED"
-            );
-            let time = |at: Option<chrono::DateTime<chrono::Utc>>| {
-                at.map_or_else(
-                    || "-".to_owned(),
-                    |at| at.to_rfc3339_opts(SecondsFormat::Secs, true),
-                )
-            };
-            for token in list {
-                println!(
-                    "{:<24} {:<20} {:<20} {:<20}",
-                    token.name,
-                    time(Some(token.created_at)),
-                    time(token.expires_at),
-                    time(token.revoked_at)
-                );
-            }
-        }),
+        TokenCommand::List { json } => store
+            .list_tokens()
+            .await
+            .map_err(Into::into)
+            .map(|list| print_tokens(&list, json)),
         TokenCommand::Revoke { name } => tokens::revoke(store.as_ref(), &name)
             .await
             .map(|()| println!("revoked token '{name}'")),
     };
     store.close().await;
     Ok(outcome?)
+}
+
+fn print_tokens(list: &[TokenRecord], json: bool) {
+    let time =
+        |at: Option<DateTime<Utc>>| at.map(|at| at.to_rfc3339_opts(SecondsFormat::Secs, true));
+    if json {
+        let rows: Vec<serde_json::Value> = list
+            .iter()
+            .map(|token| {
+                serde_json::json!({
+                    "name": token.name,
+                    "created_at": time(Some(token.created_at)),
+                    "expires_at": time(token.expires_at),
+                    "revoked_at": time(token.revoked_at),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(rows));
+        return;
+    }
+    let shown = |at| time(at).unwrap_or_else(|| "-".to_owned());
+    println!(
+        "{:<24} {:<20} {:<20} {:<20}",
+        "NAME", "CREATED", "EXPIRES", "REVOKED"
+    );
+    for token in list {
+        println!(
+            "{:<24} {:<20} {:<20} {:<20}",
+            token.name,
+            shown(Some(token.created_at)),
+            shown(token.expires_at),
+            shown(token.revoked_at)
+        );
+    }
+}
+
+fn ignore_broken_pipe(err: std::io::Error) -> std::io::Result<()> {
+    match err.kind() {
+        std::io::ErrorKind::BrokenPipe => Ok(()),
+        _ => Err(err),
+    }
 }
 
 /// An error and its causes on one line, each cause once (drivers often repeat theirs).

@@ -6,7 +6,9 @@ use std::{
 
 use clap::{ArgAction, builder::BoolishValueParser};
 
-/// The service's settings. Each flag also reads the environment variable it names.
+/// The settings every command reads: the database, how to reach it, how to log. Each
+/// flag also reads the environment variable it names, and may come before or after the
+/// command.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Config {
     /// Which database: sqlite://FILE?mode=rwc, or postgres://USER:PASSWORD@HOST/DATABASE
@@ -19,15 +21,6 @@ pub struct Config {
         global = true
     )]
     pub database_url: DatabaseUrl,
-
-    /// Address to serve on
-    #[arg(
-        long,
-        env = "PLANTSTORE_LISTEN",
-        default_value = "127.0.0.1:8080",
-        global = true
-    )]
-    pub listen: SocketAddr,
 
     /// Apply migrations at start (false: only check that the schema is there)
     #[arg(long, env = "PLANTSTORE_MIGRATE", default_value_t = true, action = ArgAction::Set,
@@ -47,46 +40,53 @@ pub struct Config {
           value_parser = parse_duration, global = true)]
     pub db_acquire_timeout: Duration,
 
-    /// One deadline per request, covering queueing, getting a connection, waiting for a
-    /// row lock and the statement; past it the answer is 503
-    #[arg(long, env = "PLANTSTORE_REQUEST_TIMEOUT", default_value = "5s",
-          value_parser = parse_duration, global = true)]
-    pub request_timeout: Duration,
-
-    /// Closes a client connection that sent nothing for this long while the server waited
-    /// for it (an idle keep-alive, or a request header that stopped halfway)
-    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
-          value_parser = parse_duration, global = true)]
-    pub idle_timeout: Duration,
-
-    /// Longest a request's headers may take to arrive, counted from the connection's start
-    /// or the request's first byte; past it the answer is 408 and the connection closes
-    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
-          value_parser = parse_duration, global = true)]
-    pub header_timeout: Duration,
-
-    /// Most client connections open at once; past it, new ones wait until one closes
-    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(1..), global = true)]
-    pub max_connections: u32,
-
     /// Most database connections this instance opens
     #[arg(long, env = "PLANTSTORE_DB_MAX_CONNECTIONS", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..), global = true)]
     pub db_max_connections: u32,
 
+    #[command(flatten)]
+    pub serve: ServeConfig,
+}
+
+/// The settings only the server reads, given to `serve` (or with no command at all).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Server options")]
+pub struct ServeConfig {
+    /// Address to serve on
+    #[arg(long, env = "PLANTSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// One deadline per request, covering queueing, getting a connection, waiting for a
+    /// row lock and the statement; past it the answer is 503
+    #[arg(long, env = "PLANTSTORE_REQUEST_TIMEOUT", default_value = "5s",
+          value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Closes a client connection that sent nothing for this long while the server waited
+    /// for it (an idle keep-alive, or a request header that stopped halfway)
+    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest a request's headers may take to arrive, counted from the connection's start
+    /// or the request's first byte; past it the answer is 408 and the connection closes
+    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// Most client connections open at once; past it, new ones wait until one closes
+    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
     /// How long in-flight requests may finish after SIGTERM or Ctrl-C
     #[arg(long, env = "PLANTSTORE_SHUTDOWN_GRACE", default_value = "10s",
-          value_parser = parse_duration, global = true)]
+          value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
     /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
-    #[arg(
-        long,
-        env = "PLANTSTORE_RATE_LIMIT",
-        default_value = "off",
-        global = true
-    )]
+    #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
     pub rate_limit: RateLimit,
 }
 

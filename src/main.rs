@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, error::ErrorKind};
+use clap::error::ErrorKind;
 use plantstore::{cli, telemetry};
 
 #[tokio::main]
@@ -12,7 +12,7 @@ async fn main() -> ExitCode {
     {
         return fail(&dotenv_problem(&err));
     }
-    let cli = match cli::Cli::try_parse() {
+    let cli = match cli::Cli::try_parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
             // --help and --version: print as usual and succeed.

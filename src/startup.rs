@@ -32,10 +32,10 @@ pub struct Application {
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Self> {
         let store = open_store(config).await?;
-        let acceptor = TcpListener::bind(config.listen)
+        let acceptor = TcpListener::bind(config.serve.listen)
             .into_acceptor()
             .await
-            .with_context(|| format!("cannot listen on {}", config.listen))?;
+            .with_context(|| format!("cannot listen on {}", config.serve.listen))?;
         let address = acceptor
             .local_addr()
             .first()
@@ -47,20 +47,21 @@ impl Application {
             .await
             .context("cannot create the initial token")?;
         let rate_limiter = config
+            .serve
             .rate_limit
             .0
             .map(|rate| Arc::new(RateLimiter::new(rate)));
-        let state = AppState::new(store, rate_limiter, config.request_timeout);
+        let state = AppState::new(store, rate_limiter, config.serve.request_timeout);
         Ok(Self {
             acceptor,
             address,
             state,
             initial_token,
-            shutdown_grace: config.shutdown_grace,
+            shutdown_grace: config.serve.shutdown_grace,
             client_limits: ClientLimits {
-                max_open: config.max_connections as usize,
-                idle_timeout: config.idle_timeout,
-                header_timeout: config.header_timeout,
+                max_open: config.serve.max_connections as usize,
+                idle_timeout: config.serve.idle_timeout,
+                header_timeout: config.serve.header_timeout,
             },
         })
     }

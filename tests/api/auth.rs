@@ -136,7 +136,7 @@ async fn an_expired_token_fails(backend: Backend) {
 async fn a_token_over_the_rate_limit_gets_429(backend: Backend) {
     let db = TestDb::new(backend).await;
     let app: TestApp = spawn_app_on(db, |config| {
-        config.rate_limit = "2".parse().expect("a rate")
+        config.serve.rate_limit = "2".parse().expect("a rate")
     })
     .await;
 

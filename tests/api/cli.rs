@@ -373,3 +373,115 @@ async fn json_logs_carry_the_request_id_and_never_a_token() {
         "nor a presented one"
     );
 }
+
+#[test]
+fn token_list_json_is_one_array_a_script_can_read() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let created = run(dir.path(), &url, &["token", "create", "--name", "ci"]);
+    let token = stdout(&created).lines().last().expect("a token").to_owned();
+    run(
+        dir.path(),
+        &url,
+        &["token", "create", "--name", "deploy", "--expires-in", "1d"],
+    );
+    run(dir.path(), &url, &["token", "revoke", "ci"]);
+
+    let listed = run(dir.path(), &url, &["token", "list", "--json"]);
+
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    assert!(!stdout(&listed).contains(&token[4..]), "never the secret");
+    let rows: serde_json::Value = serde_json::from_str(&stdout(&listed)).expect("JSON");
+    let row = |name: &str| {
+        rows.as_array()
+            .expect("an array")
+            .iter()
+            .find(|row| row["name"] == name)
+            .cloned()
+            .expect("a row")
+    };
+    let (ci, deploy) = (row("ci"), row("deploy"));
+    assert!(
+        ci["revoked_at"].is_string() && ci["expires_at"].is_null(),
+        "{ci}"
+    );
+    assert!(
+        deploy["revoked_at"].is_null() && deploy["expires_at"].is_string(),
+        "{deploy}"
+    );
+    let created_at = ci["created_at"].as_str().expect("a time");
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(created_at).is_ok(),
+        "{created_at}"
+    );
+}
+
+/// Each command's help lists only the options it reads, every one with a line of help;
+/// a server option before another command is refused rather than ignored.
+#[test]
+fn each_command_shows_and_takes_only_its_own_options() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let help = |args: &[&str]| {
+        let output = run(dir.path(), &url, args);
+        assert!(output.status.success(), "{args:?}");
+        stdout(&output)
+    };
+    for command in [
+        &["--help"][..],
+        &["serve", "--help"],
+        &["migrate", "--help"],
+        &["seed", "--help"],
+        &["openapi", "--help"],
+        &["completions", "--help"],
+        &["token", "create", "--help"],
+        &["token", "list", "--help"],
+        &["token", "revoke", "--help"],
+    ] {
+        let text = help(command);
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            let option = line.trim_start();
+            if option.starts_with("--") || option.starts_with("-h") || option.starts_with('<') {
+                // Help on the same line (after two spaces) or on the next, indented.
+                let same_line = option
+                    .split_once("  ")
+                    .is_some_and(|(_, h)| !h.trim().is_empty());
+                let next = lines.get(at + 1).map_or("", |l| l.trim());
+                let next_line =
+                    !next.is_empty() && !next.starts_with('-') && !next.starts_with('<');
+                assert!(same_line || next_line, "{command:?}: {line} has no help");
+            }
+        }
+        let server_options = text.contains("--listen");
+        let serves = matches!(command[0], "--help" | "serve");
+        assert_eq!(
+            server_options, serves,
+            "{command:?} lists --listen: {server_options}"
+        );
+    }
+
+    let misplaced = run(
+        dir.path(),
+        &url,
+        &["--listen", "127.0.0.1:1", "token", "list"],
+    );
+    assert!(!misplaced.status.success());
+    assert_eq!(
+        stderr(&misplaced).trim(),
+        "plantstore: --listen is a setting of the server, not of `token`"
+    );
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let bash = run(dir.path(), &url, &["completions", "bash"]);
+    assert!(bash.status.success());
+    assert!(stdout(&bash).contains("_plantstore()") && stdout(&bash).contains("revoke"));
+    let zsh = run(dir.path(), &url, &["completions", "zsh"]);
+    assert!(stdout(&zsh).starts_with("#compdef plantstore"));
+    let unknown = run(dir.path(), &url, &["completions", "cmd.exe"]);
+    assert!(!unknown.status.success());
+}

@@ -4,7 +4,7 @@
 use std::{future, time::Duration};
 
 use plantstore::{
-    config::{Config, LogFormat, RateLimit},
+    config::{Config, LogFormat, RateLimit, ServeConfig},
     startup::Application,
 };
 use reqwest::{Response, StatusCode, header};
@@ -229,18 +229,20 @@ pub fn test_config(database_url: &str) -> Config {
     let Ok(database_url) = database_url.parse();
     Config {
         database_url,
-        listen: "127.0.0.1:0".parse().expect("address"),
         migrate: true,
         log_filter: "info".into(),
         log_format: LogFormat::Text,
         db_acquire_timeout: Duration::from_millis(1500),
         db_max_connections: 5,
-        shutdown_grace: Duration::from_secs(1),
-        request_timeout: Duration::from_secs(10),
-        idle_timeout: Duration::from_secs(60),
-        header_timeout: Duration::from_secs(10),
-        max_connections: 1024,
-        rate_limit: RateLimit(None),
+        serve: ServeConfig {
+            listen: "127.0.0.1:0".parse().expect("address"),
+            shutdown_grace: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+            header_timeout: Duration::from_secs(10),
+            max_connections: 1024,
+            rate_limit: RateLimit(None),
+        },
     }
 }
 

@@ -37,7 +37,7 @@ pub async fn assert_unavailable(response: reqwest::Response) -> serde_json::Valu
 async fn a_request_past_its_deadline_is_503_on_time_and_loses_nothing(backend: Backend) {
     let db = TestDb::new(backend).await;
     let app = spawn_app_on(db, |config| {
-        config.request_timeout = std::time::Duration::from_secs(1);
+        config.serve.request_timeout = std::time::Duration::from_secs(1);
         config.db_acquire_timeout = std::time::Duration::from_secs(6);
     })
     .await;

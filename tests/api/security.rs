@@ -37,8 +37,8 @@ const INTERNALS: [&str; 18] = [
 async fn no_error_answer_shows_internals(backend: Backend) {
     let db = TestDb::new(backend).await;
     let app = spawn_app_on(db, |config| {
-        config.rate_limit = "50".parse().expect("a rate");
-        config.request_timeout = Duration::from_millis(700);
+        config.serve.rate_limit = "50".parse().expect("a rate");
+        config.serve.request_timeout = Duration::from_millis(700);
         config.db_acquire_timeout = Duration::from_secs(5);
     })
     .await;

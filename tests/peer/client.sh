@@ -27,7 +27,7 @@ url="sqlite://$db?mode=rwc"
 port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 token="$("$bin" --database-url "$url" token create --name generated-client | tail -n1)"
 "$bin" --database-url "$url" seed --count 2 >/dev/null
-RUST_LOG=warn "$bin" --database-url "$url" --listen "127.0.0.1:$port" serve \
+RUST_LOG=warn "$bin" --database-url "$url" serve --listen "127.0.0.1:$port" \
   >/dev/null 2>"$work/server.log" &
 server=$!
 for _ in $(seq 100); do

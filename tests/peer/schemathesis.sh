@@ -35,7 +35,7 @@ check_backend() {
   port="$(free_port)"
   token="$("$bin" --database-url "$url" token create --name schemathesis | tail -n1)"
   "$bin" --database-url "$url" seed --count 100 >/dev/null
-  RUST_LOG=warn "$bin" --database-url "$url" --listen "127.0.0.1:$port" serve \
+  RUST_LOG=warn "$bin" --database-url "$url" serve --listen "127.0.0.1:$port" \
     >/dev/null 2>"$work/$name.log" &
   server=$!
   for _ in $(seq 100); do
