@@ -6,41 +6,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-bin=target/debug/plantstore
 venv="${CLIENT_VENV:-target/client-venv}"
-[ -x "$bin" ] || { echo "client: $bin is missing; run cargo test first" >&2; exit 1; }
+work="$(mktemp -d)"
+source tests/peer/server.sh
+trap 'stop_server; rm -rf "$work"' EXIT
 if [ ! -x "$venv/bin/openapi-python-client" ] || [ ! -x "$venv/bin/ruff" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q 'openapi-python-client==0.29.1' 'ruff==0.17.6'
 fi
 
-work="$(mktemp -d)"
-server=""
-cleanup() {
-  [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-
 db="$work/client.db"
-url="sqlite://$db?mode=rwc"
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
-token="$("$bin" --database-url "$url" token create --name generated-client | tail -n1)"
-"$bin" --database-url "$url" seed --count 2 >/dev/null
-RUST_LOG=warn "$bin" --database-url "$url" serve --listen "127.0.0.1:$port" \
-  >/dev/null 2>"$work/server.log" &
-server=$!
-for _ in $(seq 100); do
-  curl -fs "http://127.0.0.1:$port/readyz" >/dev/null && break
-  sleep 0.1
-done
+start_server generated-client "sqlite://$db?mode=rwc" 2
 
-curl -fs "http://127.0.0.1:$port/openapi.json" -o "$work/openapi.json"
+curl -fs "$base/openapi.json" -o "$work/openapi.json"
 venv_bin="$(cd "$venv/bin" && pwd)"
 # The generator formats its output with ruff, which it finds on PATH.
 PATH="$venv_bin:$PATH" openapi-python-client generate --path "$work/openapi.json" \
   --output-path "$work/generated" --fail-on-warning
-PYTHONPATH="$work/generated" BASE="http://127.0.0.1:$port" \
+PYTHONPATH="$work/generated" BASE="$base" \
   TOKEN="$token" DB="$db" "$venv/bin/python" - <<'PY'
 import os, sqlite3
 from plant_store_client import AuthenticatedClient, Client
