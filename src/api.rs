@@ -50,7 +50,10 @@ impl PlantsApi {
             request_id: request_id.as_str().to_owned(),
         };
         match state.store.delete_plant(deletion).await {
-            Ok(()) => Ok(PlantDeleted::Deleted),
+            Ok(()) => {
+                state.metrics.deleted();
+                Ok(PlantDeleted::Deleted)
+            }
             Err(StoreError::NotFound) => Err(ApiError::PlantNotFound(id.0)),
             Err(StoreError::Referenced) => Err(ApiError::PlantReferenced(id.0)),
             Err(err) => Err(err.into()),

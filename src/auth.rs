@@ -19,7 +19,7 @@ async fn authenticate(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
     let state = req.data::<AppState>().ok_or(ApiError::Internal)?;
     let caller = match tokens::verify(&state.tokens, &bearer.token, Utc::now()).await {
         Ok(caller) => caller,
-        Err(Rejection::Invalid) => return Err(ApiError::Unauthorized { token_sent: true }.into()),
+        Err(Rejection::Invalid(failure)) => return Err(ApiError::Unauthorized(failure).into()),
         Err(Rejection::Store(err)) => return Err(ApiError::from(err).into()),
     };
     if let Some(limiter) = &state.rate_limiter {

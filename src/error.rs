@@ -23,8 +23,8 @@ use poem_openapi::{
 pub enum ApiError {
     #[error("the plant id is not a base-10 int64")]
     InvalidPlantId,
-    #[error("unauthenticated")]
-    Unauthorized { token_sent: bool },
+    #[error("unauthenticated: {}", .0.as_str())]
+    Unauthorized(AuthFailure),
     #[error("forbidden")]
     Forbidden,
     #[error("no plant with id {0}")]
@@ -55,6 +55,31 @@ pub enum ApiError {
     Internal,
 }
 
+/// Why a request was not authenticated: counted in `/metrics`, never told to the client
+/// beyond whether a token was sent at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    Missing,
+    Malformed,
+    Unknown,
+    WrongSecret,
+    Expired,
+    Revoked,
+}
+
+impl AuthFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::Unknown => "unknown",
+            AuthFailure::WrongSecret => "wrong_secret",
+            AuthFailure::Expired => "expired",
+            AuthFailure::Revoked => "revoked",
+        }
+    }
+}
+
 /// The body of every error response, as the published contract names it.
 #[derive(Debug, Object, serde::Serialize)]
 #[oai(rename = "Error")]
@@ -80,7 +105,12 @@ impl ApiError {
         if err.is::<ParsePathError>() {
             ApiError::InvalidPlantId
         } else if err.is::<AuthorizationError>() {
-            ApiError::Unauthorized { token_sent }
+            // poem-openapi found no `Bearer <token>` in the header.
+            ApiError::Unauthorized(if token_sent {
+                AuthFailure::Malformed
+            } else {
+                AuthFailure::Missing
+            })
         } else if err.is::<NotFoundError>() {
             ApiError::RouteNotFound
         } else if err.is::<MethodNotAllowedError>() {
@@ -98,10 +128,10 @@ impl ApiError {
             ApiError::InvalidPlantId => {
                 "The plant id must be a base-10 integer between -9223372036854775808 and 9223372036854775807.".into()
             }
-            ApiError::Unauthorized { token_sent: false } => {
+            ApiError::Unauthorized(AuthFailure::Missing) => {
                 "Authentication is required: send the header `Authorization: Bearer <token>`.".into()
             }
-            ApiError::Unauthorized { token_sent: true } => {
+            ApiError::Unauthorized(_) => {
                 "The bearer token is malformed, unknown, expired or revoked.".into()
             }
             ApiError::Forbidden => "This token is not allowed to delete plants.".into(),
@@ -169,7 +199,7 @@ impl ResponseError for ApiError {
     fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidPlantId => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized { .. } => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::PlantNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -191,11 +221,11 @@ impl ResponseError for ApiError {
             .body(self.json());
         let headers = response.headers_mut();
         match self {
-            ApiError::Unauthorized { token_sent } => {
-                let challenge = if *token_sent {
-                    r#"Bearer realm="plantstore", error="invalid_token""#
-                } else {
+            ApiError::Unauthorized(failure) => {
+                let challenge = if *failure == AuthFailure::Missing {
                     r#"Bearer realm="plantstore""#
+                } else {
+                    r#"Bearer realm="plantstore", error="invalid_token""#
                 };
                 headers.insert(
                     header::WWW_AUTHENTICATE,
@@ -237,7 +267,7 @@ impl ApiError {
     pub fn example_of(status: u16) -> Option<Self> {
         Some(match status {
             400 => ApiError::InvalidPlantId,
-            401 => ApiError::Unauthorized { token_sent: true },
+            401 => ApiError::Unauthorized(AuthFailure::Unknown),
             403 => ApiError::Forbidden,
             404 => ApiError::PlantNotFound(42),
             405 => ApiError::MethodNotAllowed { allow: "DELETE" },

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod error;
+pub mod metrics;
 pub mod middleware;
 pub mod ops;
 pub mod rate_limit;

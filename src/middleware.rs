@@ -1,7 +1,10 @@
 //! The outer layers: request id, one log line per request, every error as JSON, and
 //! the one deadline every request has.
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use poem::{
     Endpoint, IntoResponse, Middleware, Request, Response, Result,
@@ -12,24 +15,29 @@ use tracing::Instrument;
 
 use crate::{
     error::ApiError,
+    metrics::Metrics,
     request_id::{self, RequestId},
     routes,
 };
 
 /// Wraps the whole app, so no response (error, panic, unknown route) leaves without the
-/// `Error` shape and an `x-request-id`.
-pub struct RequestContext;
+/// `Error` shape and an `x-request-id`; and every answer is counted in `/metrics`.
+pub struct RequestContext(pub Arc<Metrics>);
 
 impl<E: Endpoint> Middleware<E> for RequestContext {
     type Output = RequestContextEndpoint<E>;
 
     fn transform(&self, inner: E) -> Self::Output {
-        RequestContextEndpoint { inner }
+        RequestContextEndpoint {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
     }
 }
 
 pub struct RequestContextEndpoint<E> {
     inner: E,
+    metrics: Arc<Metrics>,
 }
 
 impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
@@ -40,6 +48,8 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
         let request_id = RequestId::from_headers(req.headers());
         let token_sent = req.headers().contains_key(header::AUTHORIZATION);
         let allow = routes::allowed_methods(req.uri().path());
+        let route = routes::template(req.uri().path());
+        let method = req.method().clone();
         let span = tracing::info_span!(
             "request",
             method = %req.method(),
@@ -53,11 +63,23 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
 
         let mut response = match self.inner.call(req).instrument(span.clone()).await {
             Ok(output) => output.into_response(),
-            Err(err) => ApiError::from_poem(err, token_sent, allow).as_response(),
+            Err(err) => {
+                let error = ApiError::from_poem(err, token_sent, allow);
+                if let ApiError::Unauthorized(failure) = error {
+                    self.metrics.auth_failed(failure.as_str());
+                }
+                error.as_response()
+            }
         };
         if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
             response.headers_mut().insert(request_id::HEADER, value);
         }
+        self.metrics.answered(
+            route,
+            method.as_str(),
+            response.status().as_u16(),
+            started.elapsed(),
+        );
         span.in_scope(|| {
             tracing::info!(
                 status = response.status().as_u16(),

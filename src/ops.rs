@@ -1,7 +1,7 @@
 //! Endpoints for operators and orchestrators, outside the OpenAPI document and the token.
 
 use poem::{
-    handler,
+    Response, handler,
     web::{Data, Json},
 };
 use serde_json::{Value, json};
@@ -20,4 +20,13 @@ pub fn healthz() -> Json<Value> {
 pub async fn readyz(state: Data<&AppState>) -> poem::Result<Json<Value>> {
     state.store.ping().await.map_err(ApiError::from)?;
     Ok(Json(json!({ "status": "ready" })))
+}
+
+/// Prometheus text: see `metrics`. Like the health checks, it needs no token.
+#[handler]
+pub fn metrics(state: Data<&AppState>) -> Response {
+    let text = state.metrics.render(state.store.as_ref(), &state.tokens);
+    Response::builder()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(text)
 }

@@ -15,6 +15,24 @@ pub fn allowed_methods(path: &str) -> &'static str {
     }
 }
 
+/// The route a path belongs to, as `/metrics` labels it: a fixed set, so a client cannot
+/// make new series by inventing paths.
+pub fn template(path: &str) -> &'static str {
+    match path {
+        "/" => "/",
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        "/metrics" => "/metrics",
+        "/openapi.json" => "/openapi.json",
+        "/openapi.yaml" => "/openapi.yaml",
+        "/docs" => "/docs",
+        _ => match path.strip_prefix(PLANTS_PREFIX) {
+            Some(id) if !id.is_empty() && !id.contains('/') => "/plants/{id}",
+            _ => "other",
+        },
+    }
+}
+
 /// The request's URI with every path segment that does not percent-decode to UTF-8
 /// replaced by its lossy decoding, encoded again; `None` when every segment decodes.
 /// poem's router answers such a path with a bare 400 before any route, and so before

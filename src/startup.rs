@@ -13,6 +13,7 @@ use crate::{
     app,
     config::Config,
     connections::{CappedAcceptor, ClientLimits},
+    metrics::Metrics,
     rate_limit::RateLimiter,
     state::AppState,
     store, tokens,
@@ -51,7 +52,8 @@ impl Application {
             .rate_limit
             .0
             .map(|rate| Arc::new(RateLimiter::new(rate)));
-        let state = AppState::new(store, rate_limiter, config.serve.request_timeout);
+        let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
+        let state = AppState::new(store, rate_limiter, config.serve.request_timeout, metrics);
         Ok(Self {
             acceptor,
             address,

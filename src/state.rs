@@ -4,7 +4,7 @@ use std::{sync::Arc, time::Duration};
 
 use plantstore_store::Store;
 
-use crate::{rate_limit::RateLimiter, tokens::TokenCache};
+use crate::{metrics::Metrics, rate_limit::RateLimiter, tokens::TokenCache};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -13,6 +13,7 @@ pub struct AppState {
     pub rate_limiter: Option<Arc<RateLimiter>>,
     /// `PLANTSTORE_REQUEST_TIMEOUT`: how long any request may take before it is a 503.
     pub request_timeout: Duration,
+    pub metrics: Arc<Metrics>,
 }
 
 impl AppState {
@@ -20,12 +21,15 @@ impl AppState {
         store: Arc<dyn Store>,
         rate_limiter: Option<Arc<RateLimiter>>,
         request_timeout: Duration,
+        metrics: Arc<Metrics>,
     ) -> Self {
+        store.observe(metrics.batch_sizes());
         Self {
             tokens: TokenCache::new(Arc::clone(&store)),
             store,
             rate_limiter,
             request_timeout,
+            metrics,
         }
     }
 }

@@ -53,6 +53,16 @@ pub struct TokenCache {
     reloading: tokio::sync::Mutex<()>,
     refresh_pending: AtomicBool,
     reloads: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// Lookups answered from the copy in memory (hits) and those that waited for the table to
+/// be read (misses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lookups {
+    pub hits: u64,
+    pub misses: u64,
 }
 
 impl TokenCache {
@@ -64,12 +74,21 @@ impl TokenCache {
             reloading: tokio::sync::Mutex::new(()),
             refresh_pending: AtomicBool::new(false),
             reloads: AtomicU64::new(0),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
         })
     }
 
     /// How many times the table has been read.
     pub fn reloads(&self) -> u64 {
         self.reloads.load(Ordering::Relaxed)
+    }
+
+    pub fn lookups(&self) -> Lookups {
+        Lookups {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+        }
     }
 
     /// The token with this lookup id, from a copy no older than `MAX_AGE`; an unknown
@@ -87,8 +106,10 @@ impl TokenCache {
             if age > REFRESH_AFTER {
                 self.refresh_in_background();
             }
+            self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(Arc::clone(token)));
         }
+        self.misses.fetch_add(1, Ordering::Relaxed);
         let snapshot = self.reload_unless_loaded_since(arrived).await?;
         Ok(snapshot.by_lookup_id.get(lookup_id).cloned())
     }

@@ -10,7 +10,9 @@ use rand::{Rng, distr::Alphanumeric};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-pub use cache::TokenCache;
+pub use cache::{Lookups, TokenCache};
+
+use crate::error::AuthFailure;
 
 /// Every token reads `pst_<lookup id>_<secret>`: the prefix lets secret scanners spot a
 /// leaked one, the lookup id finds the row, and only the secret's hash is stored.
@@ -42,7 +44,7 @@ pub enum TokenError {
 /// Why a presented token was refused, or that it could not be checked at all.
 #[derive(Debug)]
 pub enum Rejection {
-    Invalid,
+    Invalid(AuthFailure),
     Store(StoreError),
 }
 
@@ -113,20 +115,24 @@ pub async fn verify(
     presented: &str,
     now: DateTime<Utc>,
 ) -> Result<Caller, Rejection> {
-    let (lookup_id, secret) = split(presented).ok_or(Rejection::Invalid)?;
+    let invalid = Rejection::Invalid;
+    let (lookup_id, secret) = split(presented).ok_or(invalid(AuthFailure::Malformed))?;
     let token = tokens
         .get(lookup_id)
         .await
         .map_err(Rejection::Store)?
-        .ok_or(Rejection::Invalid)?;
+        .ok_or(invalid(AuthFailure::Unknown))?;
     let secret_matches: bool = hash(secret).ct_eq(&token.secret_hash).into();
-    let live = token.revoked_at.is_none() && token.expires_at.is_none_or(|at| now < at);
-    if secret_matches && live {
+    if !secret_matches {
+        Err(invalid(AuthFailure::WrongSecret))
+    } else if token.revoked_at.is_some() {
+        Err(invalid(AuthFailure::Revoked))
+    } else if token.expires_at.is_some_and(|at| now >= at) {
+        Err(invalid(AuthFailure::Expired))
+    } else {
         Ok(Caller {
             token_name: Arc::clone(&token.name),
         })
-    } else {
-        Err(Rejection::Invalid)
     }
 }
 

@@ -8,8 +8,8 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, SchemaFacts, Store, StoreError,
-    TokenRecord, probe, schema_verdict,
+    BatchWriter, Batcher, Deletion, Histogram, Outcome, PoolSettings, SchemaFacts, Store,
+    StoreError, StoreStats, TokenRecord, probe, schema_verdict,
 };
 use sqlx::{
     Postgres,
@@ -397,6 +397,18 @@ impl Store for PostgresStore {
             .fetch_one(&mut *self.connection().await?)
             .await
             .map_err(classify)
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            pool_size: self.pool.size(),
+            pool_idle: self.pool.num_idle(),
+            queued: self.batcher.queued(),
+        }
+    }
+
+    fn observe(&self, batch_sizes: Histogram) {
+        self.batcher.observe(batch_sizes);
     }
 
     async fn close(&self) {

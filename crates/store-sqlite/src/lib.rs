@@ -6,8 +6,8 @@ use std::{collections::HashSet, str::FromStr, sync::Arc};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Outcome, PoolSettings, SchemaFacts, Store, StoreError,
-    TokenRecord, probe, schema_verdict,
+    BatchWriter, Batcher, Deletion, Histogram, Outcome, PoolSettings, SchemaFacts, Store,
+    StoreError, StoreStats, TokenRecord, probe, schema_verdict,
 };
 use sqlx::{
     Connection, Sqlite, SqliteConnection,
@@ -373,6 +373,18 @@ impl Store for SqliteStore {
             .fetch_one(&self.readers)
             .await
             .map_err(classify)
+    }
+
+    fn stats(&self) -> StoreStats {
+        StoreStats {
+            pool_size: self.readers.size(),
+            pool_idle: self.readers.num_idle(),
+            queued: self.batcher.queued(),
+        }
+    }
+
+    fn observe(&self, batch_sizes: Histogram) {
+        self.batcher.observe(batch_sizes);
     }
 
     async fn close(&self) {

@@ -4,10 +4,11 @@
 use std::{
     collections::{HashMap, hash_map::Entry},
     fmt,
-    sync::Arc,
+    sync::{Arc, OnceLock},
 };
 
 use async_trait::async_trait;
+use metrics::Histogram;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
 use crate::{Deletion, StoreError};
@@ -51,12 +52,14 @@ struct Job {
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<Job>,
+    /// Where each batch's size is recorded, once the service asks (`Store::observe`).
+    sizes: Arc<OnceLock<Histogram>>,
 }
 
 impl fmt::Debug for Batcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batcher")
-            .field("queued", &(QUEUE_DEPTH - self.queue.capacity()))
+            .field("queued", &self.queued())
             .finish()
     }
 }
@@ -68,10 +71,26 @@ impl Batcher {
     pub fn start(writer: Arc<dyn BatchWriter>, lanes: usize) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
         let receiver = Arc::new(Mutex::new(receiver));
+        let sizes = Arc::new(OnceLock::new());
         for _ in 0..lanes.max(1) {
-            tokio::spawn(supervise(Arc::clone(&writer), Arc::clone(&receiver)));
+            let lane = Lane {
+                writer: Arc::clone(&writer),
+                receiver: Arc::clone(&receiver),
+                sizes: Arc::clone(&sizes),
+            };
+            tokio::spawn(supervise(lane));
         }
-        Self { queue }
+        Self { queue, sizes }
+    }
+
+    /// Records the size of every batch from now on in `sizes`.
+    pub fn observe(&self, sizes: Histogram) {
+        let _ = self.sizes.set(sizes);
+    }
+
+    /// How many requests wait for a commit now.
+    pub fn queued(&self) -> usize {
+        QUEUE_DEPTH - self.queue.capacity()
     }
 
     /// Deletes one plant with the next commit; `StoreError::NotFound` when it is not there.
@@ -90,17 +109,30 @@ impl Batcher {
 
 /// Keeps a lane running: a panic in one commit fails that batch's requests (their replies
 /// are dropped, so they answer `Stopped`), not every later one.
-async fn supervise(writer: Arc<dyn BatchWriter>, receiver: Arc<Mutex<mpsc::Receiver<Job>>>) {
+async fn supervise(lane: Lane) {
     loop {
-        let lane = tokio::spawn(run_lane(Arc::clone(&writer), Arc::clone(&receiver)));
-        match lane.await {
+        match tokio::spawn(run_lane(lane.clone())).await {
             Ok(()) => return,
             Err(err) => tracing::error!(error = %err, "a group-commit lane stopped; restarting it"),
         }
     }
 }
 
-async fn run_lane(writer: Arc<dyn BatchWriter>, receiver: Arc<Mutex<mpsc::Receiver<Job>>>) {
+/// What one worker of the queue holds.
+#[derive(Clone)]
+struct Lane {
+    writer: Arc<dyn BatchWriter>,
+    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
+    sizes: Arc<OnceLock<Histogram>>,
+}
+
+async fn run_lane(
+    Lane {
+        writer,
+        receiver,
+        sizes,
+    }: Lane,
+) {
     let mut jobs = Vec::with_capacity(MAX_BATCH);
     loop {
         // The lock is held only while waiting for work, so another lane takes the next
@@ -108,14 +140,18 @@ async fn run_lane(writer: Arc<dyn BatchWriter>, receiver: Arc<Mutex<mpsc::Receiv
         if receiver.lock().await.recv_many(&mut jobs, MAX_BATCH).await == 0 {
             return;
         }
-        commit(&writer, jobs.drain(..)).await;
+        commit(&writer, jobs.drain(..), sizes.get()).await;
     }
 }
 
 /// One batch: the first request for each id goes into the transaction; repeats of an id
 /// learn from its outcome (after a delete, the row is gone for them).
 #[tracing::instrument(level = "debug", skip_all, fields(size))]
-async fn commit(writer: &Arc<dyn BatchWriter>, jobs: impl Iterator<Item = Job>) {
+async fn commit(
+    writer: &Arc<dyn BatchWriter>,
+    jobs: impl Iterator<Item = Job>,
+    sizes: Option<&Histogram>,
+) {
     let mut deletions = Vec::new();
     let mut replies = Vec::new();
     let mut repeats: Vec<(usize, Job)> = Vec::new();
@@ -134,6 +170,9 @@ async fn commit(writer: &Arc<dyn BatchWriter>, jobs: impl Iterator<Item = Job>) 
         return;
     }
     tracing::Span::current().record("size", deletions.len());
+    if let Some(sizes) = sizes {
+        sizes.record(deletions.len() as f64);
+    }
 
     match writer.delete_batch(&deletions).await {
         Ok(outcomes) if outcomes.len() == deletions.len() => {

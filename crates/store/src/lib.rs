@@ -10,6 +10,8 @@ mod error;
 
 pub use batcher::{BatchWriter, Batcher, Outcome};
 pub use error::StoreError;
+/// The handle group-commit batch sizes are recorded in (the `metrics` crate's).
+pub use metrics::Histogram;
 
 /// A request to delete one plant, with what its audit row records: who asked, and in
 /// answer to which HTTP request. The store stamps the time when it commits.
@@ -72,8 +74,25 @@ pub trait Store: Send + Sync + Debug + 'static {
 
     async fn count_tokens(&self) -> Result<i64, StoreError>;
 
+    /// The connection pool and the group-commit queue right now, for `/metrics`.
+    fn stats(&self) -> StoreStats;
+
+    /// Records the size of every group-commit batch from now on in `batch_sizes`.
+    fn observe(&self, batch_sizes: Histogram);
+
     /// Waits for in-flight work and closes every connection.
     async fn close(&self);
+}
+
+/// A backend's connections and queue at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Connections open in the pool (SQLite: the readers; its one writer is apart).
+    pub pool_size: u32,
+    /// Of those, how many wait unused.
+    pub pool_idle: usize,
+    /// Deletes waiting for a commit.
+    pub queued: usize,
 }
 
 /// How a backend sizes and waits on its connection pool.

@@ -1,0 +1,103 @@
+//! `/metrics`: each counter moves by exactly what the requests between two scrapes did,
+//! and the pool, the queue and the group-commit batches are there.
+
+use std::collections::HashMap;
+
+use reqwest::StatusCode;
+
+use crate::{
+    helpers::{Backend, TestApp, spawn_app},
+    on_both_backends,
+};
+
+on_both_backends!(every_counter_moves_by_what_the_requests_did);
+
+/// One scrape: each series (name and labels, as printed) with its value.
+async fn scrape(app: &TestApp) -> HashMap<String, f64> {
+    let response = app.get("/metrics").await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let text = response.text().await.expect("a body");
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (series, value) = line.rsplit_once(' ').expect("series and value");
+            (series.to_owned(), value.parse().expect("a number"))
+        })
+        .collect()
+}
+
+async fn every_counter_moves_by_what_the_requests_did(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.add_plants(&[1]).await;
+    let before = scrape(&app).await;
+
+    assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(app.delete("1").await.status(), StatusCode::NOT_FOUND);
+    assert_eq!(app.delete("abc").await.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.delete_with("1", None).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let unknown = format!("pst_{}_{}", "a".repeat(12), "b".repeat(40));
+    assert_eq!(
+        app.delete_with("1", Some(&unknown)).await.status(),
+        StatusCode::UNAUTHORIZED
+    );
+    let basic = app
+        .client
+        .delete(format!("{}/plants/1", app.address))
+        .header("authorization", "Basic dXNlcjpwYXNz")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(app.get("/healthz").await.status(), StatusCode::OK);
+    let after = scrape(&app).await;
+
+    let moved = |series: &str| {
+        after.get(series).copied().unwrap_or(0.0) - before.get(series).copied().unwrap_or(0.0)
+    };
+    let requests = |method: &str, route: &str, status: u16| {
+        moved(&format!(
+            r#"plantstore_http_requests_total{{route="{route}",method="{method}",status="{status}"}}"#
+        ))
+    };
+    assert_eq!(requests("DELETE", "/plants/{id}", 204), 1.0);
+    assert_eq!(requests("DELETE", "/plants/{id}", 404), 1.0);
+    assert_eq!(requests("DELETE", "/plants/{id}", 400), 1.0);
+    assert_eq!(requests("DELETE", "/plants/{id}", 401), 3.0);
+    assert_eq!(requests("GET", "/healthz", 200), 1.0);
+    // The first scrape is counted once it has been answered.
+    assert_eq!(requests("GET", "/metrics", 200), 1.0);
+    assert_eq!(
+        moved(r#"plantstore_http_request_duration_seconds_count{route="/plants/{id}"}"#),
+        6.0
+    );
+    assert_eq!(moved("plantstore_deletions_total"), 1.0);
+    for (reason, count) in [
+        ("missing", 1.0),
+        ("unknown", 1.0),
+        ("malformed", 1.0),
+        ("revoked", 0.0),
+    ] {
+        let series = format!(r#"plantstore_auth_failures_total{{reason="{reason}"}}"#);
+        assert_eq!(moved(&series), count, "{reason}");
+    }
+    // Two commits of one delete each: the 204, then the 404 (its id was looked for).
+    assert_eq!(moved("plantstore_commit_batch_size_count"), 2.0);
+    assert_eq!(moved("plantstore_commit_batch_size_sum"), 2.0);
+    // Three requests with the app's token and one with an unknown one reached the table.
+    let lookups = moved(r#"plantstore_token_cache_lookups_total{result="hit"}"#)
+        + moved(r#"plantstore_token_cache_lookups_total{result="miss"}"#);
+    assert_eq!(lookups, 4.0);
+    for state in ["idle", "in_use"] {
+        assert!(after.contains_key(&format!(
+            r#"plantstore_db_pool_connections{{state="{state}"}}"#
+        )));
+    }
+    assert_eq!(after.get("plantstore_delete_queue_waiting"), Some(&0.0));
+}
