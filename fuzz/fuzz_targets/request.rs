@@ -6,13 +6,13 @@
 
 use std::{
     collections::HashSet,
-    sync::{LazyLock, Mutex},
+    sync::{Arc, LazyLock, Mutex},
     time::Duration,
 };
 
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
-use plantstore::{app, cli::Cli, startup, state::AppState, tokens};
+use plantstore::{app, cli::Cli, metrics::Metrics, startup, state::AppState, tokens};
 use poem::{
     Endpoint, EndpointExt, Request, Response,
     endpoint::BoxEndpoint,
@@ -46,7 +46,8 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
         let token = tokens::create(store.as_ref(), "fuzz", None)
             .await
             .expect("a token");
-        let state = AppState::new(store, None, Duration::from_secs(5));
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let state = AppState::new(store, None, Duration::from_secs(5), metrics);
         (app::build(state).boxed(), token)
     });
     Service {
