@@ -117,6 +117,16 @@ impl Cli {
         Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
     }
 
+    /// Where spans go: only the server exports them.
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        let serve = match &self.command {
+            None => &self.config.serve,
+            Some(Command::Serve(serve)) => serve,
+            Some(_) => return None,
+        };
+        serve.otlp_endpoint.as_deref().filter(|url| !url.is_empty())
+    }
+
     pub async fn run(self) -> anyhow::Result<()> {
         let mut config = self.config;
         let Some(command) = self.command else {

@@ -85,6 +85,11 @@ pub struct ServeConfig {
           value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
+    /// store spans go to its /v1/traces (unset or empty: nothing is exported)
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
     /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
     #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
     pub rate_limit: RateLimit,

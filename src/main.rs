@@ -26,13 +26,17 @@ async fn main() -> ExitCode {
         }
         Err(err) => return fail(&one_line_usage_error(&err)),
     };
-    let logs = match telemetry::init(&cli.config.log_filter, cli.config.log_format) {
-        Ok(guard) => guard,
+    let telemetry = match telemetry::init(
+        &cli.config.log_filter,
+        cli.config.log_format,
+        cli.otlp_endpoint(),
+    ) {
+        Ok(telemetry) => telemetry,
         Err(message) => return fail(&message),
     };
     let outcome = cli.run().await;
-    // Every log line is out before the last word on stderr.
-    drop(logs);
+    // Every span and log line is out before the last word on stderr.
+    tokio::task::block_in_place(|| telemetry.shutdown());
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => fail(&cli::one_line(&err)),

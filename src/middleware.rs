@@ -17,7 +17,7 @@ use crate::{
     error::ApiError,
     metrics::Metrics,
     request_id::{self, RequestId},
-    routes,
+    routes, telemetry,
 };
 
 /// Wraps the whole app, so no response (error, panic, unknown route) leaves without the
@@ -56,6 +56,7 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
             path = %req.uri().path(),
             request_id = %request_id,
         );
+        telemetry::follow_caller_trace(&span, req.headers());
         req.extensions_mut().insert(request_id.clone());
         if let Some(uri) = routes::with_decodable_path(req.uri()) {
             *req.uri_mut() = uri;

@@ -485,3 +485,107 @@ fn completions_are_printed_for_each_shell() {
     let unknown = run(dir.path(), &url, &["completions", "cmd.exe"]);
     assert!(!unknown.status.success());
 }
+
+/// With `OTEL_EXPORTER_OTLP_ENDPOINT` set, a delete's spans reach an OTLP/HTTP receiver
+/// (a local one here) by the time the server has stopped: in the caller's trace (its W3C
+/// `traceparent`), with the request id, the handler's span and the store's commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_s_spans_are_exported_over_otlp_in_the_caller_s_trace() {
+    let received = Received::default();
+    let receiver = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let endpoint = format!("http://{}", receiver.local_addr().expect("address"));
+    let bodies = std::sync::Arc::clone(&received);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = receiver.accept().await {
+            tokio::spawn(otlp_receiver(stream, std::sync::Arc::clone(&bodies)));
+        }
+    });
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let mut command = plantstore(dir.path(), &url);
+    command.env("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
+    let (mut child, banner, base) = serve_with(command, dir.path());
+    let token = banner
+        .iter()
+        .find(|l| l.starts_with("pst_"))
+        .expect("a token")
+        .clone();
+    run(dir.path(), &url, &["seed", "--count", "1"]);
+
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let answer = reqwest::Client::new()
+        .delete(format!("{base}/plants/1"))
+        .bearer_auth(&token)
+        .header("traceparent", format!("00-{trace_id}-00f067aa0ba902b7-01"))
+        .header("x-request-id", "otlp-test-1")
+        .send()
+        .await
+        .expect("answer");
+    assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    let stopped = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+    assert!(child.wait().expect("exit").success());
+
+    let received = received.lock().expect("not poisoned").clone();
+    assert!(!received.is_empty(), "no spans arrived");
+    assert!(received.iter().all(|(path, _)| path == "/v1/traces"));
+    let spans: Vec<u8> = received.into_iter().flat_map(|(_, body)| body).collect();
+    let has = |needle: &[u8]| spans.windows(needle.len()).any(|w| w == needle);
+    let trace_bytes: Vec<u8> = (0..16)
+        .map(|i| u8::from_str_radix(&trace_id[2 * i..2 * i + 2], 16).expect("hex"))
+        .collect();
+    assert!(has(&trace_bytes), "the caller's trace id");
+    assert!(has(b"otlp-test-1"), "the request id");
+    assert!(has(b"delete_plant"), "the handler's span");
+    assert!(has(b"delete_batch"), "the store's commit span");
+}
+
+/// Each OTLP POST received: its path and protobuf body.
+type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
+
+/// A minimal OTLP/HTTP receiver: keeps each POST's path and protobuf body, answers 200.
+async fn otlp_receiver(mut stream: tokio::net::TcpStream, bodies: Received) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buffer = Vec::new();
+    loop {
+        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
+        let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().to_owned())
+            })
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < end + 4 + length {
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body = buffer[end + 4..end + 4 + length].to_vec();
+        buffer.drain(..end + 4 + length);
+        bodies.lock().expect("not poisoned").push((path, body));
+        let reply =
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+        if stream.write_all(reply).await.is_err() {
+            return;
+        }
+    }
+}

@@ -242,6 +242,7 @@ pub fn test_config(database_url: &str) -> Config {
             header_timeout: Duration::from_secs(10),
             max_connections: 1024,
             rate_limit: RateLimit(None),
+            otlp_endpoint: None,
         },
     }
 }
