@@ -34,7 +34,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the service (the default)
-    Serve(ServeConfig),
+    Serve(Box<ServeConfig>),
     /// Apply migrations and exit
     Migrate,
     /// Print the OpenAPI document the service serves
@@ -121,7 +121,7 @@ impl Cli {
     pub fn otlp_endpoint(&self) -> Option<&str> {
         let serve = match &self.command {
             None => &self.config.serve,
-            Some(Command::Serve(serve)) => serve,
+            Some(Command::Serve(serve)) => serve.as_ref(),
             Some(_) => return None,
         };
         serve.otlp_endpoint.as_deref().filter(|url| !url.is_empty())
@@ -134,7 +134,7 @@ impl Cli {
         };
         match command {
             Command::Serve(serve_config) => {
-                config.serve = serve_config;
+                config.serve = *serve_config;
                 serve(&config).await
             }
             Command::Migrate => {

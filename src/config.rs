@@ -85,6 +85,9 @@ pub struct ServeConfig {
           value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    #[command(flatten)]
+    pub jwt: JwtConfig,
+
     /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
     /// store spans go to its /v1/traces (unset or empty: nothing is exported)
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
@@ -93,6 +96,81 @@ pub struct ServeConfig {
     /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
     #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
     pub rate_limit: RateLimit,
+}
+
+/// JWT bearer tokens from an identity provider, beside the service's own tokens: one key
+/// source (a shared secret, a public key, or a JWKS URL) and the claims every JWT must
+/// carry. With no key source, only the service's own tokens are accepted.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "JWT options")]
+pub struct JwtConfig {
+    /// HS256 secret: JWTs signed with it are accepted
+    #[arg(long, env = "PLANTSTORE_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<Secret>,
+
+    /// Path of a PEM public key (RSA for RS256, P-256 for ES256): JWTs it verifies are accepted
+    #[arg(long, env = "PLANTSTORE_JWT_PUBLIC_KEY")]
+    pub jwt_public_key: Option<std::path::PathBuf>,
+
+    /// JWKS URL of an identity provider: fetched at start, fetched again for an unknown
+    /// key id (at most every 10 s)
+    #[arg(long, env = "PLANTSTORE_JWKS_URL")]
+    pub jwks_url: Option<String>,
+
+    /// The `iss` every JWT must carry
+    #[arg(long, env = "PLANTSTORE_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// An `aud` every JWT must carry
+    #[arg(long, env = "PLANTSTORE_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// A scope every JWT must carry (in `scope`, space-separated, or the `scp` array),
+    /// such as plants:delete; without it the answer is 403
+    #[arg(long, env = "PLANTSTORE_JWT_REQUIRED_SCOPE")]
+    pub jwt_required_scope: Option<String>,
+}
+
+impl JwtConfig {
+    /// The settings with every empty value taken as unset.
+    pub fn without_empty_values(&self) -> Self {
+        let text = |value: &Option<String>| value.clone().filter(|v| !v.trim().is_empty());
+        Self {
+            jwt_secret: self.jwt_secret.clone().filter(|s| !s.expose().is_empty()),
+            jwt_public_key: self
+                .jwt_public_key
+                .clone()
+                .filter(|path| !path.as_os_str().is_empty()),
+            jwks_url: text(&self.jwks_url),
+            jwt_issuer: text(&self.jwt_issuer),
+            jwt_audience: text(&self.jwt_audience),
+            jwt_required_scope: text(&self.jwt_required_scope),
+        }
+    }
+}
+
+/// A secret setting: `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Secret {
+    type Err = Infallible;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(Self(text.to_owned()))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
 }
 
 /// `PLANTSTORE_RATE_LIMIT`: a positive number of requests per second, or off. Empty reads

@@ -65,6 +65,12 @@ pub enum AuthFailure {
     WrongSecret,
     Expired,
     Revoked,
+    /// JWT: the signature does not verify, or another algorithm than the key's.
+    BadSignature,
+    /// JWT: `nbf` is still ahead.
+    NotYetValid,
+    /// JWT: wrong `iss` or `aud`, or no `sub` or `exp`.
+    WrongClaims,
 }
 
 impl AuthFailure {
@@ -76,6 +82,9 @@ impl AuthFailure {
             AuthFailure::WrongSecret => "wrong_secret",
             AuthFailure::Expired => "expired",
             AuthFailure::Revoked => "revoked",
+            AuthFailure::BadSignature => "bad_signature",
+            AuthFailure::NotYetValid => "not_yet_valid",
+            AuthFailure::WrongClaims => "wrong_claims",
         }
     }
 }
@@ -134,7 +143,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => {
                 "The bearer token is malformed, unknown, expired or revoked.".into()
             }
-            ApiError::Forbidden => "This token is not allowed to delete plants.".into(),
+            ApiError::Forbidden => {
+                "This token is valid but lacks the scope needed to delete plants.".into()
+            }
             ApiError::PlantNotFound(id) => format!("No plant with id {id} exists."),
             ApiError::RouteNotFound => "There is no endpoint at this path.".into(),
             ApiError::MethodNotAllowed { allow } => {

@@ -64,7 +64,7 @@ impl Metrics {
             (
                 AUTH_FAILURES,
                 Unit::Count,
-                "401 answers, by reason: missing, malformed, unknown, wrong_secret, expired, revoked",
+                "401 answers, by reason: missing, malformed, unknown, wrong_secret, expired, revoked, bad_signature, not_yet_valid, wrong_claims",
             ),
             (
                 POOL,

@@ -13,6 +13,7 @@ use crate::{
     app,
     config::Config,
     connections::{CappedAcceptor, ClientLimits},
+    jwt::JwtVerifier,
     metrics::Metrics,
     rate_limit::RateLimiter,
     state::AppState,
@@ -53,7 +54,9 @@ impl Application {
             .0
             .map(|rate| Arc::new(RateLimiter::new(rate)));
         let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
-        let state = AppState::new(store, rate_limiter, config.serve.request_timeout, metrics);
+        let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
+        let state =
+            AppState::new(store, rate_limiter, config.serve.request_timeout, metrics).with_jwt(jwt);
         Ok(Self {
             acceptor,
             address,

@@ -4,7 +4,7 @@ use std::{sync::Arc, time::Duration};
 
 use plantstore_store::Store;
 
-use crate::{metrics::Metrics, rate_limit::RateLimiter, tokens::TokenCache};
+use crate::{jwt::JwtVerifier, metrics::Metrics, rate_limit::RateLimiter, tokens::TokenCache};
 
 #[derive(Clone)]
 pub struct AppState {
@@ -14,6 +14,8 @@ pub struct AppState {
     /// `PLANTSTORE_REQUEST_TIMEOUT`: how long any request may take before it is a 503.
     pub request_timeout: Duration,
     pub metrics: Arc<Metrics>,
+    /// JWTs from an identity provider, when the settings name one.
+    pub jwt: Option<Arc<JwtVerifier>>,
 }
 
 impl AppState {
@@ -30,6 +32,13 @@ impl AppState {
             rate_limiter,
             request_timeout,
             metrics,
+            jwt: None,
         }
+    }
+
+    /// Accepts JWTs checked by `jwt` beside the service's own tokens.
+    pub fn with_jwt(mut self, jwt: Option<Arc<JwtVerifier>>) -> Self {
+        self.jwt = jwt;
+        self
     }
 }

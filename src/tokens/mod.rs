@@ -136,6 +136,11 @@ pub async fn verify(
     }
 }
 
+/// Whether a presented token has the form of the service's own (`pst_…`).
+pub fn is_ours(presented: &str) -> bool {
+    presented.starts_with(PREFIX)
+}
+
 fn split(presented: &str) -> Option<(&str, &str)> {
     let (lookup_id, secret) = presented.strip_prefix(PREFIX)?.split_once('_')?;
     let well_formed = lookup_id.len() == LOOKUP_ID_LEN

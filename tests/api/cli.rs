@@ -111,7 +111,7 @@ fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 7] = [
+    let cases: [(&str, &str, &str, &str); 9] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -134,6 +134,18 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
         ("PLANTSTORE_LISTEN", "not-an-address", "invalid value", ""),
         ("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "soon", "invalid value", ""),
         ("PLANTSTORE_MIGRATE", "false", "plants.id", ""),
+        (
+            "PLANTSTORE_JWT_SECRET",
+            "too-short-secret",
+            "PLANTSTORE_JWT_SECRET must be at least 32 bytes",
+            "too-short-secret",
+        ),
+        (
+            "PLANTSTORE_JWT_PUBLIC_KEY",
+            "/no/such/key.pem",
+            "cannot read PLANTSTORE_JWT_PUBLIC_KEY /no/such/key.pem",
+            "",
+        ),
     ];
     for (variable, value, expected, never) in cases {
         let output = plantstore(dir.path(), &url)

@@ -243,6 +243,7 @@ pub fn test_config(database_url: &str) -> Config {
             max_connections: 1024,
             rate_limit: RateLimit(None),
             otlp_endpoint: None,
+            jwt: Default::default(),
         },
     }
 }
