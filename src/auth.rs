@@ -28,7 +28,7 @@ async fn authenticate(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
                 .map_err(|rejection| match rejection {
                     JwtRejection::Invalid(failure) => ApiError::Unauthorized(failure),
                     JwtRejection::MissingScope => ApiError::Forbidden,
-                    JwtRejection::KeysUnavailable => ApiError::Unavailable,
+                    JwtRejection::KeysUnavailable => ApiError::KeysUnavailable,
                 })?
         }
         _ => match tokens::verify(&state.tokens, &bearer.token, Utc::now()).await {

@@ -44,6 +44,9 @@ pub enum ApiError {
     Unavailable,
     #[error("request deadline passed")]
     DeadlineExceeded,
+    /// A JWT's key is not known and the identity provider's JWKS cannot be read now.
+    #[error("identity provider keys unavailable")]
+    KeysUnavailable,
     /// The request head did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
     #[error("request head too slow")]
     HeaderTimeout,
@@ -167,6 +170,9 @@ impl ApiError {
             ApiError::DeadlineExceeded => {
                 "The request did not finish in time; retry in a few seconds.".into()
             }
+            ApiError::KeysUnavailable => {
+                "The identity provider's signing keys cannot be read right now; retry in a few seconds.".into()
+            }
             ApiError::HeaderTimeout => {
                 "The request headers did not arrive in time, so the connection was closed.".into()
             }
@@ -217,7 +223,9 @@ impl ResponseError for ApiError {
             ApiError::PlantReferenced(_) => StatusCode::CONFLICT,
             ApiError::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Rejected(status) => *status,
-            ApiError::Unavailable | ApiError::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable | ApiError::DeadlineExceeded | ApiError::KeysUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
             ApiError::UriTooLong => StatusCode::URI_TOO_LONG,
             ApiError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -249,7 +257,7 @@ impl ResponseError for ApiError {
             ApiError::RateLimited { retry_after_secs } => {
                 headers.insert(header::RETRY_AFTER, HeaderValue::from(*retry_after_secs));
             }
-            ApiError::Unavailable | ApiError::DeadlineExceeded => {
+            ApiError::Unavailable | ApiError::DeadlineExceeded | ApiError::KeysUnavailable => {
                 headers.insert(
                     header::RETRY_AFTER,
                     HeaderValue::from(UNAVAILABLE_RETRY_AFTER_SECS),
@@ -346,7 +354,7 @@ impl ApiResponse for ApiError {
             (500, "Unexpected error", None),
             (
                 503,
-                "The database is unreachable, busy or taking no writes, or the request passed its deadline",
+                "The database is unreachable, busy or taking no writes, the identity provider's keys cannot be read, or the request passed its deadline",
                 Some("Retry-After"),
             ),
         ];
