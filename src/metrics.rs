@@ -3,7 +3,7 @@
 //! batch sizes and token-cache lookups. Each app has its own recorder (none is installed
 //! globally), so every instance, and every test, counts only its own requests.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use ::metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{
@@ -22,6 +22,8 @@ const QUEUED: &str = "plantstore_delete_queue_waiting";
 const BATCH_SIZES: &str = "plantstore_commit_batch_size";
 const TOKEN_LOOKUPS: &str = "plantstore_token_cache_lookups_total";
 const TOKEN_RELOADS: &str = "plantstore_token_cache_reloads_total";
+/// How often histogram samples are folded into their buckets (see `keep_up`).
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
@@ -130,6 +132,19 @@ impl Metrics {
     pub fn auth_failed(&self, reason: &'static str) {
         let key = Key::from_parts(AUTH_FAILURES, vec![Label::new("reason", reason)]);
         self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
+    /// Folds the histogram samples recorded since the last time into their buckets. The
+    /// exporter keeps every sample until then, so without this its memory grows with every
+    /// request between scrapes (ten seconds of 401s at 64 connections took the service's
+    /// anonymous memory from 8.8 to 21.3 MiB).
+    pub async fn keep_up(self: Arc<Self>) {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.handle.run_upkeep();
+        }
     }
 
     /// The Prometheus text, with the pool, the queue and the token cache read now.

@@ -88,10 +88,12 @@ impl Application {
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
+        let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
         let acceptor = CappedAcceptor::new(self.acceptor, self.client_limits);
         let served = Server::new_with_acceptor(acceptor)
             .run_with_graceful_shutdown(app::build(self.state), shutdown, Some(self.shutdown_grace))
             .await;
+        upkeep.abort();
         store.close().await;
         served
     }
