@@ -2,11 +2,12 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use plantstore_store::{Deletion, StoreError};
 use poem::{
     Endpoint, IntoResponse, Request, Response, Route, get,
     http::Method,
-    web::{Data, Html, Redirect},
+    web::{Data, Redirect},
 };
 use poem_openapi::{ApiResponse, LicenseObject, OpenApi, OpenApiService, param::Path};
 use serde_json::{Value, json};
@@ -76,8 +77,12 @@ pub fn service() -> OpenApiService<PlantsApi, ()> {
 /// (`plantstore openapi`): poem-openapi's, plus what its response metadata cannot carry,
 /// an example `Error` body for each error status and `x-request-id` on every response.
 pub fn document() -> Value {
-    let mut document: Value =
-        serde_json::from_str(&service().spec()).expect("poem-openapi writes JSON");
+    completed(&service().spec())
+}
+
+/// poem-openapi's document `spec`, with the examples and headers it cannot carry.
+fn completed(spec: &str) -> Value {
+    let mut document: Value = serde_json::from_str(spec).expect("poem-openapi writes JSON");
     let operations = document["paths"]
         .as_object_mut()
         .into_iter()
@@ -105,13 +110,17 @@ pub fn document() -> Value {
 
 /// The document's renderings, made once at start: `/openapi.json`, `/openapi.yaml`, and
 /// Swagger UI on `/docs` (poem-openapi's page, carrying this document instead of its own).
+/// Each is kept as `Bytes`, so an answer shares it rather than copying it (the page is
+/// over a megabyte).
 pub fn document_routes() -> Route {
-    let document = document();
+    let service = service();
+    let spec = service.spec();
+    let document = completed(&spec);
     let json = document.to_string();
     let yaml = serde_yaml::to_string(&document).unwrap_or_default();
-    let service = service();
-    let ui = service.swagger_ui_html().replace(&service.spec(), &json);
-    let serve = move |content_type: &'static str, body: String| {
+    let ui = service.swagger_ui_html().replace(&spec, &json);
+    let serve = |content_type: &'static str, body: String| {
+        let body = Bytes::from(body);
         get(poem::endpoint::make_sync(move |_| {
             Response::builder()
                 .content_type(content_type)
@@ -127,10 +136,7 @@ pub fn document_routes() -> Route {
             "/openapi.yaml",
             serve("application/yaml; charset=utf-8", yaml),
         )
-        .at(
-            "/docs",
-            get(poem::endpoint::make_sync(move |_| Html(ui.clone()))),
-        )
+        .at("/docs", serve("text/html; charset=utf-8", ui))
 }
 
 /// `/` leads a browser to Swagger UI. In front of the router, because the operations

@@ -81,30 +81,22 @@ impl JwtVerifier {
         // HS256 secret would let anyone sign tokens.
         let config = config.without_empty_values();
         let config = &config;
-        let sources = [
-            config.jwt_secret.is_some(),
-            config.jwt_public_key.is_some(),
-            config.jwks_url.is_some(),
-        ];
-        let keys = match sources.iter().filter(|set| **set).count() {
-            0 => return Ok(None),
-            1 => {
-                if let Some(secret) = &config.jwt_secret {
-                    if secret.expose().len() < MIN_SECRET_BYTES {
-                        bail!("PLANTSTORE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes");
-                    }
-                    Keys::Fixed(
-                        DecodingKey::from_secret(secret.expose().as_bytes()),
-                        Algorithm::HS256,
-                    )
-                } else if let Some(path) = &config.jwt_public_key {
-                    let (key, algorithm) = public_key(path)?;
-                    Keys::Fixed(key, algorithm)
-                } else {
-                    let url = config.jwks_url.clone().unwrap_or_default();
-                    Keys::Jwks(Jwks::start(url).await?)
+        let keys = match (&config.jwt_secret, &config.jwt_public_key, &config.jwks_url) {
+            (None, None, None) => return Ok(None),
+            (Some(secret), None, None) => {
+                if secret.expose().len() < MIN_SECRET_BYTES {
+                    bail!("PLANTSTORE_JWT_SECRET must be at least {MIN_SECRET_BYTES} bytes");
                 }
+                Keys::Fixed(
+                    DecodingKey::from_secret(secret.expose().as_bytes()),
+                    Algorithm::HS256,
+                )
             }
+            (None, Some(path), None) => {
+                let (key, algorithm) = public_key(path)?;
+                Keys::Fixed(key, algorithm)
+            }
+            (None, None, Some(url)) => Keys::Jwks(Jwks::start(url.clone()).await?),
             _ => bail!(
                 "set one of PLANTSTORE_JWT_SECRET, PLANTSTORE_JWT_PUBLIC_KEY and PLANTSTORE_JWKS_URL, not several"
             ),
