@@ -3,18 +3,22 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use plantstore_store::{Deletion, StoreError};
+use plantstore_store::{Deleted, Deletion, StoreError};
 use poem::{
     Endpoint, IntoResponse, Request, Response, Route, get,
     http::Method,
     web::{Data, Redirect},
 };
-use poem_openapi::{ApiResponse, LicenseObject, OpenApi, OpenApiService, param::Path};
+use poem_openapi::{
+    ApiResponse, LicenseObject, OpenApi, OpenApiService,
+    param::{Header, Path},
+};
 use serde_json::{Value, json};
 
 use crate::{
     auth::BearerAuth,
     error::ApiError,
+    idempotency,
     request_id::{self, RequestId},
     state::AppState,
 };
@@ -23,9 +27,14 @@ pub struct PlantsApi;
 
 #[derive(Debug, ApiResponse)]
 pub enum PlantDeleted {
-    /// Plant deleted
+    /// Plant deleted: now, or by an earlier request with the same Idempotency-Key
     #[oai(status = 204)]
-    Deleted,
+    Deleted(
+        /// `true` when an earlier request with this Idempotency-Key from the same caller
+        /// deleted the plant and this answer repeats its 204; absent otherwise
+        #[oai(header = "Idempotent-Replayed")]
+        Option<bool>,
+    ),
 }
 
 #[OpenApi]
@@ -36,27 +45,44 @@ impl PlantsApi {
     // The bearer parameter comes first: an anonymous request must get 401 before its id
     // is even parsed.
     #[oai(path = "/plants/:id", method = "delete", operation_id = "deletePlant")]
-    #[tracing::instrument(name = "delete_plant", level = "debug", skip_all, fields(id = id.0, token = %auth.0.token_name))]
+    #[tracing::instrument(name = "delete_plant", level = "debug", skip_all, fields(id = id.0, token = %auth.0.token_name, idempotency_key = idempotency_key.0.as_deref()))]
     async fn delete_plant(
         &self,
         auth: BearerAuth,
         /// ID of plant to delete
         id: Path<i64>,
+        /// Makes a retry safe: a retry with the same key from the same caller (token or JWT
+        /// subject) within PLANTSTORE_IDEMPOTENCY_TTL (default 24 hours) of a delete it made
+        /// answers 204 again with `Idempotent-Replayed: true`; used for another plant id, 422.
+        /// A first try that answered 404, 409 or 503 did nothing and is simply tried again.
+        /// 1 to 255 printable ASCII characters, bare or as a quoted string ("key").
+        #[oai(name = "Idempotency-Key")]
+        idempotency_key: Header<Option<String>>,
         state: Data<&AppState>,
         request_id: Data<&RequestId>,
+        request: &Request,
     ) -> Result<PlantDeleted, ApiError> {
+        // Read from the headers themselves: poem-openapi takes a value that is not text as
+        // no header at all, and the first of several.
+        let idempotency_key = idempotency::from_headers(request.headers())?;
         let deletion = Deletion {
             plant_id: id.0,
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
+            idempotency_key,
         };
         match state.store.delete_plant(deletion).await {
-            Ok(()) => {
+            Ok(Deleted::Now) => {
                 state.metrics.deleted();
-                Ok(PlantDeleted::Deleted)
+                Ok(PlantDeleted::Deleted(None))
             }
+            Ok(Deleted::Replayed) => Ok(PlantDeleted::Deleted(Some(true))),
             Err(StoreError::NotFound) => Err(ApiError::PlantNotFound(id.0)),
             Err(StoreError::Referenced) => Err(ApiError::PlantReferenced(id.0)),
+            Err(StoreError::KeyReused { plant_id }) => Err(ApiError::IdempotencyKeyReused {
+                earlier: plant_id,
+                plant: id.0,
+            }),
             Err(err) => Err(err.into()),
         }
     }
@@ -90,6 +116,17 @@ fn completed(spec: &str) -> Value {
         .filter_map(Value::as_object_mut)
         .flat_map(|methods| methods.values_mut());
     for operation in operations {
+        // poem-openapi would check these itself, with its own error; the handler does.
+        let parameters = operation["parameters"].as_array_mut().into_iter().flatten();
+        for parameter in parameters.filter(|p| p["name"] == idempotency::HEADER) {
+            parameter["schema"] = json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 2 * idempotency::MAX_LEN + 2,
+                "pattern": idempotency::PATTERN,
+            });
+            parameter["example"] = json!("order-7-delete-1");
+        }
         let responses = operation["responses"].as_object_mut().into_iter().flatten();
         for (status, response) in responses {
             response["headers"][request_id::HEADER] = json!({

@@ -96,6 +96,12 @@ pub struct ServeConfig {
     /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
     #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
     pub rate_limit: RateLimit,
+
+    /// How long after a delete a retry with the same Idempotency-Key from the same caller
+    /// is answered 204 again (Idempotent-Replayed: true) instead of 404
+    #[arg(long, env = "PLANTSTORE_IDEMPOTENCY_TTL", default_value = "24h",
+          value_parser = parse_duration)]
+    pub idempotency_ttl: Duration,
 }
 
 /// JWT bearer tokens from an identity provider, beside the service's own tokens: one key

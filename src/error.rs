@@ -23,6 +23,11 @@ use poem_openapi::{
 pub enum ApiError {
     #[error("the plant id is not a base-10 int64")]
     InvalidPlantId,
+    #[error("the Idempotency-Key header is not a valid key")]
+    InvalidIdempotencyKey,
+    /// The caller's idempotency key already deleted `earlier`; this request named `plant`.
+    #[error("idempotency key reused for plant {plant}")]
+    IdempotencyKeyReused { earlier: i64, plant: i64 },
     #[error("unauthenticated: {}", .0.as_str())]
     Unauthorized(AuthFailure),
     #[error("forbidden")]
@@ -149,6 +154,13 @@ impl ApiError {
             ApiError::Forbidden => {
                 "This token is valid but lacks the scope needed to delete plants.".into()
             }
+            ApiError::InvalidIdempotencyKey => format!(
+                "The Idempotency-Key header must be one key of 1 to {} printable ASCII characters, bare or as a quoted string (\"key\").",
+                crate::idempotency::MAX_LEN
+            ),
+            ApiError::IdempotencyKeyReused { earlier, plant } => format!(
+                "This Idempotency-Key already deleted plant {earlier}; use a new key to delete plant {plant}."
+            ),
             ApiError::PlantNotFound(id) => format!("No plant with id {id} exists."),
             ApiError::RouteNotFound => "There is no endpoint at this path.".into(),
             ApiError::MethodNotAllowed { allow } => {
@@ -215,7 +227,8 @@ impl From<StoreError> for ApiError {
 impl ResponseError for ApiError {
     fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidPlantId => StatusCode::BAD_REQUEST,
+            ApiError::InvalidPlantId | ApiError::InvalidIdempotencyKey => StatusCode::BAD_REQUEST,
+            ApiError::IdempotencyKeyReused { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::PlantNotFound(_) | ApiError::RouteNotFound => StatusCode::NOT_FOUND,
@@ -291,6 +304,10 @@ impl ApiError {
             404 => ApiError::PlantNotFound(42),
             405 => ApiError::MethodNotAllowed { allow: "DELETE" },
             409 => ApiError::PlantReferenced(42),
+            422 => ApiError::IdempotencyKeyReused {
+                earlier: 41,
+                plant: 42,
+            },
             429 => ApiError::RateLimited {
                 retry_after_secs: 1,
             },
@@ -327,8 +344,12 @@ impl ApiError {
 /// OpenAPI document lists what the service can really answer.
 impl ApiResponse for ApiError {
     fn meta() -> MetaResponses {
-        let documented: [(u16, &'static str, Option<&'static str>); 9] = [
-            (400, "The id is not a base-10 int64", None),
+        let documented: [(u16, &'static str, Option<&'static str>); 10] = [
+            (
+                400,
+                "The id is not a base-10 int64, or the Idempotency-Key header is not a valid key",
+                None,
+            ),
             (
                 401,
                 "No, malformed, unknown, expired or revoked token",
@@ -344,6 +365,11 @@ impl ApiResponse for ApiError {
             (
                 409,
                 "The plant is still referenced by another table; nothing was deleted",
+                None,
+            ),
+            (
+                422,
+                "The caller's Idempotency-Key already deleted another plant; nothing was deleted",
                 None,
             ),
             (

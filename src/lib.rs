@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod connections;
 pub mod error;
+pub mod idempotency;
 pub mod jwt;
 pub mod metrics;
 pub mod middleware;

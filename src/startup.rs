@@ -3,7 +3,7 @@
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use plantstore_store::{PoolSettings, Store};
+use plantstore_store::{Store, StoreSettings};
 use poem::{
     Server,
     listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
@@ -103,9 +103,10 @@ impl Application {
 /// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
 /// migrations leave alone may have an `id` the service cannot delete by).
 pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let settings = PoolSettings {
+    let settings = StoreSettings {
         max_connections: config.db_max_connections,
         acquire_timeout: config.db_acquire_timeout,
+        idempotency_ttl: config.serve.idempotency_ttl,
     };
     let store = store::connect(&config.database_url, settings)
         .await

@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use plantstore_postgres::PostgresStore;
 use plantstore_sqlite::SqliteStore;
-use plantstore_store::{PoolSettings, Store, StoreError};
+use plantstore_store::{Store, StoreError, StoreSettings};
 
 use crate::config::{Backend, DatabaseUrl};
 
 pub async fn connect(
     url: &DatabaseUrl,
-    settings: PoolSettings,
+    settings: StoreSettings,
 ) -> Result<Arc<dyn Store>, StoreError> {
     let backend = url.backend().map_err(StoreError::Config)?;
     Ok(match backend {

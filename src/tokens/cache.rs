@@ -174,16 +174,17 @@ mod tests {
     use std::time::Duration as StdDuration;
 
     use plantstore_sqlite::SqliteStore;
-    use plantstore_store::PoolSettings;
+    use plantstore_store::StoreSettings;
 
     use super::*;
 
     async fn cache_on_a_real_file() -> (Arc<TokenCache>, Arc<dyn Store>, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("temp dir");
         let url = format!("sqlite://{}?mode=rwc", dir.path().join("t.db").display());
-        let settings = PoolSettings {
+        let settings = StoreSettings {
             max_connections: 2,
             acquire_timeout: StdDuration::from_secs(3),
+            idempotency_ttl: StdDuration::from_secs(60),
         };
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::connect(&url, settings).await.expect("open"));

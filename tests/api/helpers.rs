@@ -167,6 +167,17 @@ impl TestDb {
         .expect("read the audit table")
     }
 
+    /// (plant id, caller, idempotency key) of every audit row, oldest first.
+    pub async fn audit_log(&self) -> Vec<(i64, String, Option<String>)> {
+        let sql =
+            "SELECT plant_id, token_name, idempotency_key FROM plantstore_deletions ORDER BY id";
+        match &self.pool {
+            DbPool::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+            DbPool::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await,
+        }
+        .expect("read the audit table")
+    }
+
     /// The same database reached through another host and port (a proxy).
     pub fn url_via(&self, host_port: &str) -> String {
         let (scheme_user, rest) = self
@@ -244,6 +255,7 @@ pub fn test_config(database_url: &str) -> Config {
             rate_limit: RateLimit(None),
             otlp_endpoint: None,
             jwt: Default::default(),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
         },
     }
 }
@@ -319,6 +331,22 @@ impl TestApp {
             request = request.bearer_auth(token);
         }
         request.send().await.expect("the server answers")
+    }
+
+    /// `DELETE /plants/{id}` with `token` and `Idempotency-Key: {key}` (sent as it is).
+    pub async fn delete_keyed_with(&self, id: i64, key: &str, token: &str) -> Response {
+        self.client
+            .delete(format!("{}/plants/{id}", self.address))
+            .bearer_auth(token)
+            .header("Idempotency-Key", key)
+            .send()
+            .await
+            .expect("the server answers")
+    }
+
+    /// `DELETE /plants/{id}` with the app's token and `Idempotency-Key: {key}`.
+    pub async fn delete_keyed(&self, id: i64, key: &str) -> Response {
+        self.delete_keyed_with(id, key, &self.token).await
     }
 
     pub async fn get(&self, path: &str) -> Response {

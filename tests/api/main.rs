@@ -9,6 +9,7 @@ mod contract;
 mod delete;
 mod existing_database;
 mod group_commit;
+mod idempotency;
 mod jwt;
 mod metrics;
 mod ops;

@@ -30,7 +30,7 @@ check_backend() {
   local name="$1" url="$2" generated
   start_server "schemathesis-$name" "$url" 100
   echo "== schemathesis on $name"
-  "$venv/bin/st" run "$base/openapi.json" \
+  "$venv/bin/st" --config-file tests/peer/schemathesis.toml run "$base/openapi.json" \
     -H "Authorization: Bearer $token" --checks all -n "$min_cases" --no-shrink \
     | tee "$work/$name.out"
   generated="$(grep -oE '[0-9]+ generated' "$work/$name.out" | grep -oE '[0-9]+' || echo 0)"

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use plantstore_store::PoolSettings;
+use plantstore_store::StoreSettings;
 use sqlx::{ConnectOptions, Connection};
 
 #[tokio::main(flavor = "current_thread")]
@@ -15,9 +15,10 @@ async fn main() -> Result<(), String> {
     };
     let first_id: i64 = first_id.parse().map_err(|_| "FIRST_ID: an integer")?;
     let seconds: f64 = seconds.parse().map_err(|_| "SECONDS: a number")?;
-    let settings = PoolSettings {
+    let settings = StoreSettings {
         max_connections: 1,
         acquire_timeout: Duration::from_secs(3),
+        idempotency_ttl: Duration::from_secs(60),
     };
     let options = plantstore_sqlite::connect_options(url, settings).map_err(|e| e.to_string())?;
     let mut conn = options.connect().await.map_err(|e| e.to_string())?;

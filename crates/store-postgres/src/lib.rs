@@ -8,11 +8,12 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Histogram, Outcome, PoolSettings, SchemaFacts, Store,
-    StoreError, StoreStats, TokenRecord, probe, schema_verdict,
+    BatchWriter, Batcher, Deleted, Deletion, DeletionFilter, DeletionRecord, EntryState, Histogram,
+    Outcome, RestoreError, SchemaFacts, Store, StoreError, StoreSettings, StoreStats, TokenRecord,
+    probe, schema_verdict,
 };
 use sqlx::{
-    Postgres,
+    Acquire, PgConnection, Postgres,
     pool::PoolConnection,
     postgres::{PgConnectOptions, PgPool, PgPoolOptions},
 };
@@ -62,7 +63,7 @@ impl std::fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
-    pub async fn connect(url: &str, settings: PoolSettings) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|err| {
                 StoreError::Config(format!(
@@ -93,6 +94,7 @@ impl PostgresStore {
         let writer = Arc::new(PgWriter {
             pool: pool.clone(),
             kept: Mutex::new(Some(Vec::new())),
+            idempotency_ttl: settings.idempotency_ttl.as_secs_f64(),
             alone: Semaphore::new(
                 (settings.max_connections as usize)
                     .saturating_sub(lanes)
@@ -149,6 +151,8 @@ struct PgWriter {
     /// goes back to the pool (strace: a second round trip per batch); a kept one is not
     /// returned until a batch fails on it or the store closes. `None` once closing.
     kept: Mutex<Option<Vec<PoolConnection<Postgres>>>>,
+    /// `PLANTSTORE_IDEMPOTENCY_TTL` in seconds, for `make_interval`.
+    idempotency_ttl: f64,
     /// Deletions waiting alone for a held row may take only the connections the batch
     /// lanes do not need.
     alone: Semaphore,
@@ -187,59 +191,160 @@ impl PgWriter {
     }
 }
 
+/// The advisory-lock class of idempotency keys (`pg_advisory_xact_lock(class, hash)`),
+/// so they cannot collide with an owner's own one-number advisory locks.
+const KEY_LOCK_CLASS: i32 = 0x706c_6e74;
+
+/// Serialises, until the transaction ends, the requests of other instances that carry the
+/// same callers' keys, so that the key lookup after it sees their commits. Keys are locked
+/// in one order, so two batches never wait on each other.
+async fn lock_keys(conn: &mut PgConnection, batch: &[Deletion]) -> Result<(), StoreError> {
+    let keys: Vec<String> = batch
+        .iter()
+        .filter_map(|d| Some(format!("{}\n{}", d.caller, d.idempotency_key.as_deref()?)))
+        .collect();
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, h)::TEXT FROM (
+             SELECT DISTINCT hashtext(k) AS h FROM UNNEST($2::TEXT[]) AS k ORDER BY 1
+         ) AS keys",
+        KEY_LOCK_CLASS,
+        &keys,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+/// What the batch statement found, per list: plants deleted, plants still present, and
+/// the batch positions (from 1) whose keys already deleted a plant, with that plant.
+struct BatchRow {
+    deleted: Vec<i64>,
+    present: Vec<i64>,
+    earlier_at: Vec<i64>,
+    earlier_plant: Vec<i64>,
+}
+
+impl PgWriter {
+    /// One batch: one statement, and so one round trip, unless a request carries an
+    /// idempotency key; then the keys are locked first, in the same transaction.
+    async fn run_batch(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[Deletion],
+    ) -> Result<Vec<Outcome>, StoreError> {
+        let row = if batch.iter().any(|d| d.idempotency_key.is_some()) {
+            let mut tx = conn.begin().await.map_err(classify)?;
+            lock_keys(&mut tx, batch).await?;
+            let row = self.batch_statement(&mut tx, batch).await?;
+            tx.commit().await.map_err(classify)?;
+            row
+        } else {
+            self.batch_statement(conn, batch).await?
+        };
+        Ok(batch
+            .iter()
+            .zip(1i64..)
+            .map(|(d, n)| {
+                let earlier = row
+                    .earlier_at
+                    .iter()
+                    .position(|at| *at == n)
+                    .and_then(|at| row.earlier_plant.get(at).copied());
+                match earlier {
+                    Some(plant_id) if plant_id == d.plant_id => Outcome::Replayed,
+                    Some(plant_id) => Outcome::KeyReused(plant_id),
+                    None if row.deleted.contains(&d.plant_id) => Outcome::Deleted,
+                    None if row.present.contains(&d.plant_id) => Outcome::Held,
+                    None => Outcome::NotFound,
+                }
+            })
+            .collect())
+    }
+
+    async fn batch_statement(
+        &self,
+        conn: &mut PgConnection,
+        batch: &[Deletion],
+    ) -> Result<BatchRow, StoreError> {
+        let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
+        let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
+        let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
+        let keys: Vec<Option<&str>> = batch.iter().map(|d| d.idempotency_key.as_deref()).collect();
+        // `earlier`: the entries whose keys the same callers used within the replay
+        // window; those deletions do nothing now. Rows no other session holds are locked
+        // and deleted; `present` reads the statement's snapshot, taken before the delete.
+        // A row present but not deleted is held elsewhere (or was deleted by a commit after
+        // the snapshot): it is retried alone rather than waited for here. Casts keep the
+        // parameters BIGINT whatever the type of an existing `plants.id`.
+        let rows = sqlx::query!(
+            r#"WITH batch AS (
+                   SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::TEXT[])
+                       WITH ORDINALITY AS b (plant_id, caller, request_id, idempotency_key, n)
+               ),
+               earlier AS (
+                   SELECT b.n, e.plant_id
+                   FROM batch b
+                   CROSS JOIN LATERAL (
+                       SELECT d.plant_id FROM plantstore_deletions d
+                       WHERE d.token_name = b.caller AND d.idempotency_key = b.idempotency_key
+                         AND d.deleted_at > now() - make_interval(secs => $5)
+                       ORDER BY d.id DESC LIMIT 1
+                   ) e
+                   WHERE b.idempotency_key IS NOT NULL
+               ),
+               fresh AS (
+                   SELECT * FROM batch WHERE n NOT IN (SELECT n FROM earlier)
+               ),
+               deleted AS (
+                   DELETE FROM plants p
+                   WHERE p.id IN (SELECT id FROM plants
+                                  WHERE id = ANY (ARRAY(SELECT plant_id FROM fresh))
+                                  FOR UPDATE SKIP LOCKED)
+                   RETURNING p.id, to_jsonb(p) AS snapshot
+               ),
+               audited AS (
+                   INSERT INTO plantstore_deletions
+                       (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+                   SELECT f.plant_id, f.caller, f.request_id, f.idempotency_key, deleted.snapshot, now()
+                   FROM fresh f JOIN deleted ON deleted.id = f.plant_id
+                   RETURNING plant_id
+               )
+               SELECT ARRAY(SELECT plant_id FROM audited) AS "deleted!",
+                      ARRAY(SELECT id::BIGINT FROM plants WHERE id = ANY ($1::BIGINT[])) AS "present!",
+                      ARRAY(SELECT n FROM earlier ORDER BY n) AS "earlier_at!",
+                      ARRAY(SELECT plant_id FROM earlier ORDER BY n) AS "earlier_plant!""#,
+            &ids,
+            &callers as &[&str],
+            &request_ids as &[&str],
+            &keys as &[Option<&str>],
+            self.idempotency_ttl,
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(classify)?;
+        let row = rows
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Other(Arc::new(sqlx::Error::RowNotFound)))?;
+        Ok(BatchRow {
+            deleted: row.deleted,
+            present: row.present,
+            earlier_at: row.earlier_at,
+            earlier_plant: row.earlier_plant,
+        })
+    }
+}
+
 #[async_trait]
 impl BatchWriter for PgWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
-        let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
-        let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
-        let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
-        // Rows no other session holds are locked and deleted; `present` reads the
-        // statement's snapshot, taken before the delete. A row present but not deleted is
-        // held elsewhere (or was deleted by a commit after the snapshot): it is retried
-        // alone rather than waited for here. Casts keep the parameters BIGINT whatever the
-        // type of an existing `plants.id`.
         let mut conn = self.connection().await?;
-        let rows = sqlx::query!(
-            r#"WITH deleted AS (
-                   DELETE FROM plants
-                   WHERE id IN (SELECT id FROM plants WHERE id = ANY ($1::BIGINT[])
-                                FOR UPDATE SKIP LOCKED)
-                   RETURNING id
-               ),
-               audited AS (
-                   INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-                   SELECT b.plant_id, b.caller, b.request_id, now()
-                   FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[]) AS b (plant_id, caller, request_id)
-                   JOIN deleted ON deleted.id = b.plant_id
-                   RETURNING plant_id
-               )
-               SELECT ARRAY(SELECT plant_id FROM audited) AS "deleted!",
-                      ARRAY(SELECT id::BIGINT FROM plants WHERE id = ANY ($1::BIGINT[])) AS "present!""#,
-            &ids,
-            &callers as &[&str],
-            &request_ids as &[&str],
-        )
         // A connection a batch failed on goes back to the pool, which drops it if broken.
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(classify)?;
+        let outcomes = self.run_batch(&mut conn, batch).await?;
         self.keep(conn);
-        let Some(row) = rows.first() else {
-            return Err(StoreError::Other(Arc::new(sqlx::Error::RowNotFound)));
-        };
-        Ok(batch
-            .iter()
-            .map(|d| {
-                if row.deleted.contains(&d.plant_id) {
-                    Outcome::Deleted
-                } else if row.present.contains(&d.plant_id) {
-                    Outcome::Held
-                } else {
-                    Outcome::NotFound
-                }
-            })
-            .collect())
+        Ok(outcomes)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id))]
@@ -250,20 +355,47 @@ impl BatchWriter for PgWriter {
             .await
             .map_err(|_| StoreError::Stopped)?;
         // Waits for a held row up to `lock_timeout`; a concurrent delete of the same row
-        // commits first and this one then finds nothing: one 204.
+        // commits first and this one then finds nothing: one 204. A concurrent request
+        // with the same key holds its lock until it commits, so the lookup sees its entry.
         let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+        let mut tx = conn.begin().await.map_err(classify)?;
+        let batch = std::slice::from_ref(deletion);
+        if deletion.idempotency_key.is_some() {
+            lock_keys(&mut tx, batch).await?;
+            let earlier = sqlx::query_scalar!(
+                "SELECT plant_id FROM plantstore_deletions
+                 WHERE token_name = $1 AND idempotency_key = $2
+                   AND deleted_at > now() - make_interval(secs => $3)
+                 ORDER BY id DESC LIMIT 1",
+                deletion.caller.as_ref(),
+                deletion.idempotency_key.as_deref(),
+                self.idempotency_ttl,
+            )
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(classify)?;
+            match earlier {
+                Some(plant_id) if plant_id == deletion.plant_id => return Ok(Outcome::Replayed),
+                Some(plant_id) => return Ok(Outcome::KeyReused(plant_id)),
+                None => {}
+            }
+        }
         let deleted = sqlx::query_scalar!(
-            "WITH deleted AS (DELETE FROM plants WHERE id = $1::BIGINT RETURNING id)
-             INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-             SELECT id, $2, $3, now() FROM deleted
+            "WITH deleted AS (DELETE FROM plants p WHERE p.id = $1::BIGINT
+                              RETURNING p.id, to_jsonb(p) AS snapshot)
+             INSERT INTO plantstore_deletions
+                 (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+             SELECT id, $2, $3, $4, snapshot, now() FROM deleted
              RETURNING plant_id",
             deletion.plant_id,
             deletion.caller.as_ref(),
             deletion.request_id,
+            deletion.idempotency_key.as_deref(),
         )
-        .fetch_all(&mut *conn)
+        .fetch_all(&mut *tx)
         .await
         .map_err(classify)?;
+        tx.commit().await.map_err(classify)?;
         Ok(if deleted.is_empty() {
             Outcome::NotFound
         } else {
@@ -298,7 +430,9 @@ impl Store for PostgresStore {
                              AND i.indnkeyatts = 1 AND i.indkey[0] = id.attnum
                              AND i.indpred IS NULL) AS "id_is_unique!",
                    (to_regclass('plantstore_tokens') IS NOT NULL
-                    AND to_regclass('plantstore_deletions') IS NOT NULL) AS "own_tables!""#
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_deletions')
+                                  AND attname = 'snapshot' AND NOT attisdropped)) AS "own_tables!""#
         )
         .fetch_one(&mut *self.connection().await?)
         .await
@@ -327,8 +461,99 @@ impl Store for PostgresStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]
-    async fn delete_plant(&self, deletion: Deletion) -> Result<(), StoreError> {
+    async fn delete_plant(&self, deletion: Deletion) -> Result<Deleted, StoreError> {
         self.batcher.delete(deletion).await
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn list_deletions(
+        &self,
+        filter: &DeletionFilter,
+    ) -> Result<Vec<DeletionRecord>, StoreError> {
+        sqlx::query_as!(
+            DeletionRecord,
+            r#"SELECT id, plant_id, token_name AS caller, request_id, idempotency_key,
+                      deleted_at, snapshot::TEXT AS snapshot, restored_at, restored_by
+               FROM plantstore_deletions
+               WHERE ($1::BIGINT IS NULL OR plant_id = $1)
+                 AND ($2::TEXT IS NULL OR token_name = $2)
+                 AND ($3::TIMESTAMPTZ IS NULL OR deleted_at >= $3)
+               ORDER BY id DESC LIMIT $4"#,
+            filter.plant_id,
+            filter.caller,
+            filter.since,
+            filter.limit,
+        )
+        .fetch_all(&mut *self.connection().await?)
+        .await
+        .map_err(classify)
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
+        let mut conn = self.connection().await?;
+        let mut tx = conn.begin().await.map_err(classify)?;
+        // FOR UPDATE: a second restore of the same entry waits, then sees it restored.
+        let found = sqlx::query!(
+            r#"SELECT plant_id, snapshot IS NOT NULL AS "has_snapshot!", restored_at, restored_by,
+                      EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!",
+                      ARRAY(SELECT attname::TEXT FROM pg_attribute
+                            WHERE attrelid = to_regclass('plants') AND attnum > 0
+                              AND NOT attisdropped AND attgenerated = ''
+                            ORDER BY attnum) AS "table!",
+                      ARRAY(SELECT jsonb_object_keys(COALESCE(snapshot, '{}'))) AS "held!"
+               FROM plantstore_deletions AS log WHERE id = $1
+               FOR UPDATE"#,
+            entry
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(classify)?
+        .ok_or(RestoreError::NoSuchEntry(entry))?;
+        EntryState {
+            plant_id: found.plant_id,
+            has_snapshot: found.has_snapshot,
+            restored_at: found.restored_at,
+            restored_by: found.restored_by,
+            plant_exists: found.plant_exists,
+        }
+        .restorable()?;
+        plantstore_store::column_changes(&found.table, &found.held)?;
+        // OVERRIDING SYSTEM VALUE: the plant gets its own id back even where `plants.id`
+        // is GENERATED ALWAYS AS IDENTITY.
+        sqlx::query!(
+            "INSERT INTO plants OVERRIDING SYSTEM VALUE
+             SELECT * FROM jsonb_populate_record(NULL::plants,
+                 (SELECT snapshot FROM plantstore_deletions WHERE id = $1))",
+            entry
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+        sqlx::query!(
+            "UPDATE plantstore_deletions SET restored_at = now(), restored_by = $2 WHERE id = $1",
+            entry,
+            by
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+        tx.commit()
+            .await
+            .map_err(|err| RestoreError::from_insert(classify(err)))?;
+        Ok(found.plant_id)
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM plantstore_deletions WHERE deleted_at < $1",
+            before
+        )
+        .execute(&mut *self.connection().await?)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]

@@ -1,13 +1,14 @@
 //! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
 //! one writer connection and a pool of readers.
 
-use std::{collections::HashSet, str::FromStr, sync::Arc};
+use std::{collections::HashMap, str::FromStr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, Deletion, Histogram, Outcome, PoolSettings, SchemaFacts, Store,
-    StoreError, StoreStats, TokenRecord, probe, schema_verdict,
+    BatchWriter, Batcher, Deleted, Deletion, DeletionFilter, DeletionRecord, EntryState, Histogram,
+    Outcome, RestoreError, SchemaFacts, Store, StoreError, StoreSettings, StoreStats, TokenRecord,
+    probe, schema_verdict,
 };
 use sqlx::{
     Connection, Sqlite, SqliteConnection,
@@ -17,6 +18,10 @@ use sqlx::{
     },
 };
 use tokio::sync::{Mutex, MutexGuard};
+
+mod snapshot;
+
+use snapshot::PlantColumns;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -92,7 +97,7 @@ impl Writer<'_> {
 /// so that both pay for exactly the same durability.
 pub fn connect_options(
     url: &str,
-    settings: PoolSettings,
+    settings: StoreSettings,
 ) -> Result<SqliteConnectOptions, StoreError> {
     Ok(SqliteConnectOptions::from_str(url)
         .map_err(|err| {
@@ -108,7 +113,7 @@ pub fn connect_options(
 
 impl SqliteStore {
     /// Opens the writer and one connection, so a bad path fails at start, not on a request.
-    pub async fn connect(url: &str, settings: PoolSettings) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
         let options = connect_options(url, settings)?;
         probe(&options, settings.acquire_timeout)
             .await
@@ -134,6 +139,8 @@ impl SqliteStore {
         let batcher = Batcher::start(
             Arc::new(SqliteWriter {
                 connection: Arc::clone(&writer),
+                idempotency_ttl: settings.idempotency_ttl,
+                columns: tokio::sync::OnceCell::new(),
             }),
             1,
         );
@@ -165,9 +172,14 @@ fn classify(err: sqlx::Error) -> StoreError {
     })
 }
 
-/// Commits the batches on the writer connection: one transaction, two statements.
+/// Commits the batches on the writer connection: one transaction, two statements (three
+/// when a request carries an idempotency key).
 struct SqliteWriter {
     connection: Arc<WriteConnection>,
+    idempotency_ttl: Duration,
+    /// The columns of `plants`, read at the first delete: what the snapshot statement is
+    /// built from.
+    columns: tokio::sync::OnceCell<PlantColumns>,
 }
 
 #[async_trait]
@@ -175,7 +187,13 @@ impl BatchWriter for SqliteWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
         let mut writer = self.connection.lock().await?;
-        let committed = commit_batch(writer.conn()?, batch).await;
+        let conn = writer.conn()?;
+        let columns = self
+            .columns
+            .get_or_try_init(|| PlantColumns::read(&mut *conn))
+            .await?;
+        let since = replay_window_start(self.idempotency_ttl);
+        let committed = commit_batch(conn, columns, since, batch).await;
         if committed.is_err() {
             writer.discard().await;
         }
@@ -189,46 +207,74 @@ impl BatchWriter for SqliteWriter {
     }
 }
 
-/// One batch on the writer: one transaction, two statements.
+/// When the replay window of idempotency keys opens, counted back from now.
+fn replay_window_start(ttl: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(ttl)
+        .ok()
+        .and_then(|ttl| Utc::now().checked_sub_signed(ttl))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// One batch on the writer: which keys already deleted a plant, then the delete and the
+/// audit rows, in one transaction.
 async fn commit_batch(
     conn: &mut SqliteConnection,
+    columns: &PlantColumns,
+    since: DateTime<Utc>,
     batch: &[Deletion],
 ) -> Result<Vec<Outcome>, StoreError> {
-    let ids = to_json(&batch.iter().map(|d| d.plant_id).collect::<Vec<_>>())?;
     // IMMEDIATE takes the write lock up front: another process's writer makes this wait on
-    // the busy timeout instead of failing to upgrade a read lock.
+    // the busy timeout instead of failing to upgrade a read lock. Holding it, the keys
+    // read below cannot be used by another writer before this commit.
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
-    let deleted: HashSet<i64> = sqlx::query_scalar!(
-        r#"DELETE FROM plants WHERE id IN (SELECT value FROM json_each(?)) RETURNING id AS "id!: i64""#,
-        ids
-    )
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(classify)?
-    .into_iter()
-    .collect();
+    let earlier = earlier_deletions(&mut tx, since, batch).await?;
+    let ids = to_json(
+        &batch
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !earlier.contains_key(index))
+            .map(|(_, d)| d.plant_id)
+            .collect::<Vec<_>>(),
+    )?;
+    let deleted: HashMap<i64, String> = columns
+        .delete_returning_snapshots(&ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(classify)?
+        .into_iter()
+        .collect();
     let outcomes: Vec<Outcome> = batch
         .iter()
-        .map(|d| {
-            if deleted.contains(&d.plant_id) {
-                Outcome::Deleted
-            } else {
-                Outcome::NotFound
-            }
+        .enumerate()
+        .map(|(index, d)| match earlier.get(&index) {
+            Some(&plant_id) if plant_id == d.plant_id => Outcome::Replayed,
+            Some(&plant_id) => Outcome::KeyReused(plant_id),
+            None if deleted.contains_key(&d.plant_id) => Outcome::Deleted,
+            None => Outcome::NotFound,
         })
         .collect();
     if !deleted.is_empty() {
-        let audit: Vec<(i64, &str, &str)> = batch
+        let audit: Vec<AuditRow<'_>> = batch
             .iter()
             .zip(&outcomes)
             .filter(|(_, outcome)| **outcome == Outcome::Deleted)
-            .map(|(d, _)| (d.plant_id, d.caller.as_ref(), d.request_id.as_str()))
+            .map(|(d, _)| {
+                (
+                    d.plant_id,
+                    d.caller.as_ref(),
+                    d.request_id.as_str(),
+                    d.idempotency_key.as_deref(),
+                    deleted.get(&d.plant_id),
+                )
+            })
             .collect();
         let audit = to_json(&audit)?;
         let now = Utc::now();
         sqlx::query!(
-            "INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)
-             SELECT value ->> 0, value ->> 1, value ->> 2, ? FROM json_each(?)",
+            "INSERT INTO plantstore_deletions
+                 (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?
+             FROM json_each(?)",
             now,
             audit,
         )
@@ -240,6 +286,100 @@ async fn commit_batch(
     tx.commit().await.map_err(classify)?;
     Ok(outcomes)
 }
+
+/// For each deletion of `batch` whose caller used its idempotency key since `since`: its
+/// position, and the plant that key deleted. No statement when no deletion has a key.
+async fn earlier_deletions(
+    conn: &mut SqliteConnection,
+    since: DateTime<Utc>,
+    batch: &[Deletion],
+) -> Result<HashMap<usize, i64>, StoreError> {
+    let keyed: Vec<(usize, &str, &str)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(index, d)| {
+            let key = d.idempotency_key.as_deref()?;
+            Some((index, d.caller.as_ref(), key))
+        })
+        .collect();
+    if keyed.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let keyed = to_json(&keyed)?;
+    let found = sqlx::query!(
+        r#"SELECT b.value ->> 0 AS "index!: i64", MAX(d.id) AS "entry!: i64", d.plant_id AS "plant_id!: i64"
+           FROM json_each(?) AS b
+           JOIN plantstore_deletions AS d
+             ON d.token_name = b.value ->> 1 AND d.idempotency_key = b.value ->> 2
+           WHERE d.deleted_at > ?
+           GROUP BY b.value ->> 0"#,
+        keyed,
+        since,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(found
+        .into_iter()
+        .filter_map(|row| Some((usize::try_from(row.index).ok()?, row.plant_id)))
+        .collect())
+}
+
+/// Puts the snapshot of log entry `entry` back into `plants` and marks the entry
+/// restored, in one transaction on the writer; every refusal leaves both as they were.
+async fn restore(conn: &mut SqliteConnection, entry: i64, by: &str) -> Result<i64, RestoreError> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+    let found = sqlx::query!(
+        r#"SELECT plant_id AS "plant_id!: i64", snapshot,
+                  restored_at AS "restored_at?: DateTime<Utc>", restored_by,
+                  EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!: bool"
+           FROM plantstore_deletions AS log WHERE id = ?"#,
+        entry
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(classify)?
+    .ok_or(RestoreError::NoSuchEntry(entry))?;
+    EntryState {
+        plant_id: found.plant_id,
+        has_snapshot: found.snapshot.is_some(),
+        restored_at: found.restored_at,
+        restored_by: found.restored_by,
+        plant_exists: found.plant_exists,
+    }
+    .restorable()?;
+    let snapshot = found.snapshot.unwrap_or_default();
+    let table = snapshot::table_columns(&mut tx).await?;
+    let held: Vec<String> =
+        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&snapshot)
+            .map_err(|err| StoreError::Other(Arc::new(sqlx::Error::Decode(err.into()))))?
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+    plantstore_store::column_changes(&table, &held)?;
+    snapshot::insert_from_snapshot(&table, entry)
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    let now = Utc::now();
+    sqlx::query!(
+        "UPDATE plantstore_deletions SET restored_at = ?, restored_by = ? WHERE id = ?",
+        now,
+        by,
+        entry
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    tx.commit()
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    Ok(found.plant_id)
+}
+
+/// One audit row as the insert reads it from JSON: plant id, caller, request id,
+/// idempotency key, snapshot.
+type AuditRow<'a> = (i64, &'a str, &'a str, Option<&'a str>, Option<&'a String>);
 
 /// Batches travel as JSON arrays: SQLite has no array parameters, and `json_each` keeps
 /// each statement a single checked query whatever the batch's size.
@@ -270,7 +410,9 @@ impl Store for SqliteStore {
                              AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
                              AND (SELECT name FROM pragma_index_info(il.name)) = 'id') AS "id_is_unique!: bool",
                 (SELECT COUNT(*) FROM sqlite_master
-                  WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions')) AS "own_tables!: i64""#
+                  WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions'))
+                + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
+                    WHERE name = 'snapshot') AS "own_tables!: i64""#
         )
         .fetch_one(&self.readers)
         .await
@@ -285,7 +427,7 @@ impl Store for SqliteStore {
             }),
             plants_id_is_integer: found.id_is_integer.unwrap_or(false),
             plants_id_is_unique: found.id_is_unique,
-            has_own_tables: found.own_tables == 2,
+            has_own_tables: found.own_tables == 3,
         })
     }
 
@@ -299,8 +441,57 @@ impl Store for SqliteStore {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]
-    async fn delete_plant(&self, deletion: Deletion) -> Result<(), StoreError> {
+    async fn delete_plant(&self, deletion: Deletion) -> Result<Deleted, StoreError> {
         self.batcher.delete(deletion).await
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn list_deletions(
+        &self,
+        filter: &DeletionFilter,
+    ) -> Result<Vec<DeletionRecord>, StoreError> {
+        let since = filter.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        sqlx::query_as!(
+            DeletionRecord,
+            r#"SELECT id AS "id!: i64", plant_id AS "plant_id!: i64", token_name AS caller,
+                      request_id, idempotency_key, deleted_at AS "deleted_at!: DateTime<Utc>",
+                      snapshot, restored_at AS "restored_at?: DateTime<Utc>", restored_by
+               FROM plantstore_deletions
+               WHERE (? IS NULL OR plant_id = ?) AND (? IS NULL OR token_name = ?)
+                 AND deleted_at >= ?
+               ORDER BY id DESC LIMIT ?"#,
+            filter.plant_id,
+            filter.plant_id,
+            filter.caller,
+            filter.caller,
+            since,
+            filter.limit,
+        )
+        .fetch_all(&self.readers)
+        .await
+        .map_err(classify)
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
+        let mut writer = self.writer.lock().await?;
+        let restored = restore(writer.conn()?, entry, by).await;
+        if let Err(RestoreError::Store(_)) = restored {
+            writer.discard().await;
+        }
+        restored
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        let done = sqlx::query!(
+            "DELETE FROM plantstore_deletions WHERE deleted_at < ?",
+            before
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]

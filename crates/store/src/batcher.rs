@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use metrics::Histogram;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::{Deletion, StoreError};
+use crate::{Deleted, Deletion, StoreError};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
@@ -26,13 +26,18 @@ pub enum Outcome {
     /// Another session holds the row: it is retried alone, waiting for the row, so the
     /// rest of its batch is not held up.
     Held,
+    /// The caller's idempotency key already deleted this plant; nothing was done now.
+    Replayed,
+    /// The caller's idempotency key already deleted another plant, this one; nothing was
+    /// done now.
+    KeyReused(i64),
 }
 
 /// How one backend commits; the batcher decides what goes into each commit.
 #[async_trait]
 pub trait BatchWriter: Send + Sync + 'static {
     /// Deletes distinct plants and writes their audit rows in one transaction, returning
-    /// one outcome per deletion, in order. After an error nothing of the batch is
+    /// one outcome per deletion, in order. No two deletions share an idempotency key. After an error nothing of the batch is
     /// committed, unless it struck during the commit itself, when nobody can tell.
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError>;
 
@@ -41,7 +46,7 @@ pub trait BatchWriter: Send + Sync + 'static {
     async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError>;
 }
 
-type Reply = oneshot::Sender<Result<(), StoreError>>;
+type Reply = oneshot::Sender<Result<Deleted, StoreError>>;
 
 struct Job {
     deletion: Deletion,
@@ -97,7 +102,7 @@ impl Batcher {
     ///
     /// Dropping the future before its batch starts withdraws the request: nothing is
     /// deleted for a caller that is no longer waiting.
-    pub async fn delete(&self, deletion: Deletion) -> Result<(), StoreError> {
+    pub async fn delete(&self, deletion: Deletion) -> Result<Deleted, StoreError> {
         let (reply, answer) = oneshot::channel();
         self.queue
             .send(Job { deletion, reply })
@@ -144,23 +149,36 @@ async fn run_lane(
     }
 }
 
-/// One batch: the first request for each id goes into the transaction; repeats of an id
-/// learn from its outcome (after a delete, the row is gone for them).
+/// One batch: the first request for each id, and for each caller's idempotency key, goes
+/// into the transaction; repeats learn from its outcome where that settles theirs (after a
+/// delete the row is gone for them; the same key is a replay) and are tried alone after it
+/// where it does not.
 #[tracing::instrument(level = "debug", skip_all, fields(size))]
 async fn commit(
     writer: &Arc<dyn BatchWriter>,
     jobs: impl Iterator<Item = Job>,
     sizes: Option<&Histogram>,
 ) {
-    let mut deletions = Vec::new();
+    let mut deletions: Vec<Deletion> = Vec::new();
     let mut replies = Vec::new();
     let mut repeats: Vec<(usize, Job)> = Vec::new();
     let mut position = HashMap::new();
+    let mut key_position = HashMap::new();
     for job in jobs.filter(|job| !job.reply.is_closed()) {
-        match position.entry(job.deletion.plant_id) {
-            Entry::Occupied(first) => repeats.push((*first.get(), job)),
-            Entry::Vacant(slot) => {
+        let key = job
+            .deletion
+            .idempotency_key
+            .clone()
+            .map(|key| (Arc::clone(&job.deletion.caller), key));
+        let same_key = key.as_ref().and_then(|key| key_position.get(key).copied());
+        match (same_key, position.entry(job.deletion.plant_id)) {
+            (Some(first), _) => repeats.push((first, job)),
+            (None, Entry::Occupied(first)) => repeats.push((*first.get(), job)),
+            (None, Entry::Vacant(slot)) => {
                 slot.insert(deletions.len());
+                if let Some(key) = key {
+                    key_position.insert(key, deletions.len());
+                }
                 deletions.push(job.deletion);
                 replies.push(job.reply);
             }
@@ -177,11 +195,11 @@ async fn commit(
     match writer.delete_batch(&deletions).await {
         Ok(outcomes) if outcomes.len() == deletions.len() => {
             for (index, job) in repeats {
-                match outcomes[index] {
-                    Outcome::Held => retry_alone(writer, job.deletion, job.reply),
-                    Outcome::Deleted | Outcome::NotFound => {
-                        let _ = job.reply.send(Err(StoreError::NotFound));
+                match repeat_outcome(&deletions[index], outcomes[index], &job.deletion) {
+                    Some(outcome) => {
+                        let _ = job.reply.send(answer(outcome));
                     }
+                    None => retry_alone(writer, job.deletion, job.reply),
                 }
             }
             for ((deletion, reply), outcome) in deletions.into_iter().zip(replies).zip(outcomes) {
@@ -215,6 +233,24 @@ async fn commit(
     }
 }
 
+/// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
+/// when that does not settle it and it must be tried alone.
+fn repeat_outcome(first: &Deletion, outcome: Outcome, repeat: &Deletion) -> Option<Outcome> {
+    let deleted_by_key = matches!(outcome, Outcome::Deleted | Outcome::Replayed);
+    if first.same_key_as(repeat) && deleted_by_key {
+        return Some(if first.plant_id == repeat.plant_id {
+            Outcome::Replayed
+        } else {
+            Outcome::KeyReused(first.plant_id)
+        });
+    }
+    let row_gone = matches!(outcome, Outcome::Deleted | Outcome::NotFound);
+    if first.plant_id == repeat.plant_id && row_gone && repeat.idempotency_key.is_none() {
+        return Some(Outcome::NotFound);
+    }
+    None
+}
+
 /// Runs a deletion on its own task, so a wait for one row never holds up the lane.
 fn retry_alone(writer: &Arc<dyn BatchWriter>, deletion: Deletion, reply: Reply) {
     let writer = Arc::clone(writer);
@@ -227,10 +263,12 @@ fn retry_alone(writer: &Arc<dyn BatchWriter>, deletion: Deletion, reply: Reply) 
     });
 }
 
-fn answer(outcome: Outcome) -> Result<(), StoreError> {
+fn answer(outcome: Outcome) -> Result<Deleted, StoreError> {
     match outcome {
-        Outcome::Deleted => Ok(()),
+        Outcome::Deleted => Ok(Deleted::Now),
+        Outcome::Replayed => Ok(Deleted::Replayed),
         Outcome::NotFound => Err(StoreError::NotFound),
+        Outcome::KeyReused(plant_id) => Err(StoreError::KeyReused { plant_id }),
         // `delete_one` never answers it; should a backend do so, the outcome is unknown.
         Outcome::Held => Err(StoreError::Stopped),
     }

@@ -15,6 +15,10 @@ pub enum StoreError {
     #[error("the row is still referenced by another table")]
     Referenced,
 
+    /// The caller's idempotency key already deleted another plant, `plant_id`.
+    #[error("the idempotency key was used for plant {plant_id}")]
+    KeyReused { plant_id: i64 },
+
     /// A unique key (such as a token name) is already taken.
     #[error("already exists")]
     Duplicate,

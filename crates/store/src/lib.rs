@@ -7,9 +7,11 @@ use chrono::{DateTime, Utc};
 
 mod batcher;
 mod error;
+mod log;
 
 pub use batcher::{BatchWriter, Batcher, Outcome};
 pub use error::StoreError;
+pub use log::{DeletionFilter, DeletionRecord, EntryState, RestoreError, column_changes};
 /// The handle group-commit batch sizes are recorded in (the `metrics` crate's).
 pub use metrics::Histogram;
 
@@ -18,9 +20,29 @@ pub use metrics::Histogram;
 #[derive(Debug, Clone)]
 pub struct Deletion {
     pub plant_id: i64,
-    /// The token's name.
+    /// The token's name, or `jwt:<subject>`.
     pub caller: Arc<str>,
     pub request_id: String,
+    /// The client's `Idempotency-Key`, the caller's own: a retry with it replays the
+    /// first try's 204 instead of deleting again.
+    pub idempotency_key: Option<Arc<str>>,
+}
+
+impl Deletion {
+    /// Whether `other` carries the same idempotency key from the same caller.
+    pub fn same_key_as(&self, other: &Deletion) -> bool {
+        self.idempotency_key.is_some()
+            && self.idempotency_key == other.idempotency_key
+            && self.caller == other.caller
+    }
+}
+
+/// A successful delete: done now, or done earlier by a request with the same
+/// idempotency key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deleted {
+    Now,
+    Replayed,
 }
 
 /// A stored API token: everything but the secret, which is never stored.
@@ -56,8 +78,25 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// it returns; concurrent calls share commits (see [`Batcher`]).
     ///
     /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
-    /// another table still points at it (then nothing is deleted).
-    async fn delete_plant(&self, deletion: Deletion) -> Result<(), StoreError>;
+    /// another table still points at it (then nothing is deleted). With an idempotency
+    /// key the caller used within the replay window: `Deleted::Replayed` when it deleted
+    /// this plant, `StoreError::KeyReused` when it deleted another (nothing is deleted).
+    /// The audit row keeps the key and a JSON snapshot of the deleted row.
+    async fn delete_plant(&self, deletion: Deletion) -> Result<Deleted, StoreError>;
+
+    /// Entries of the deletion log, newest first.
+    async fn list_deletions(
+        &self,
+        filter: &DeletionFilter,
+    ) -> Result<Vec<DeletionRecord>, StoreError>;
+
+    /// Puts a deleted plant back from its snapshot and marks the entry restored `by`, in
+    /// one transaction; returns the plant's id.
+    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError>;
+
+    /// Removes log entries deleted before `before`; their idempotency keys stop
+    /// replaying. Returns how many went.
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 
     /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
@@ -95,13 +134,16 @@ pub struct StoreStats {
     pub queued: usize,
 }
 
-/// How a backend sizes and waits on its connection pool.
+/// How a backend sizes and waits on its connection pool, and how long it replays
+/// idempotency keys.
 #[derive(Debug, Clone, Copy)]
-pub struct PoolSettings {
+pub struct StoreSettings {
     pub max_connections: u32,
     /// Longest wait for a free connection (and, on SQLite, for the write lock) before the
     /// caller gets `StoreError::Unavailable`.
     pub acquire_timeout: std::time::Duration,
+    /// How long after a delete a retry with its idempotency key is answered from the log.
+    pub idempotency_ttl: std::time::Duration,
 }
 
 /// What a backend found in its catalog about the tables the service uses.
@@ -114,6 +156,7 @@ pub struct SchemaFacts {
     /// A primary key or unique index on exactly `(id)`, with no condition: one id can
     /// never name, and so never delete, several rows.
     pub plants_id_is_unique: bool,
+    /// The service's tables, as its latest migration leaves them.
     pub has_own_tables: bool,
 }
 
@@ -136,7 +179,7 @@ pub fn schema_verdict(facts: &SchemaFacts) -> Result<(), StoreError> {
     }
     if !facts.has_own_tables {
         return Err(StoreError::Schema(
-            "the service's own tables are missing: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
+            "the service's own tables are missing or older than this version: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
         ));
     }
     Ok(())

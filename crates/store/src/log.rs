@@ -1,0 +1,144 @@
+//! The deletion log as the admin commands see it: entries, filters, and why a restore
+//! was refused.
+
+use chrono::{DateTime, Utc};
+
+use crate::StoreError;
+
+/// One entry of the deletion log (a row of `plantstore_deletions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeletionRecord {
+    pub id: i64,
+    pub plant_id: i64,
+    /// The token's name, or `jwt:<subject>`.
+    pub caller: String,
+    pub request_id: String,
+    pub idempotency_key: Option<String>,
+    pub deleted_at: DateTime<Utc>,
+    /// The deleted row as a JSON object; `None` for entries logged before snapshots were
+    /// kept.
+    pub snapshot: Option<String>,
+    pub restored_at: Option<DateTime<Utc>>,
+    pub restored_by: Option<String>,
+}
+
+/// Which entries `Store::list_deletions` returns, newest first; `None` matches all.
+#[derive(Debug, Clone, Default)]
+pub struct DeletionFilter {
+    pub plant_id: Option<i64>,
+    pub caller: Option<String>,
+    pub since: Option<DateTime<Utc>>,
+    pub limit: i64,
+}
+
+/// Why a deletion was not restored. Each reads as the end of one line: "cannot restore
+/// deletion 12: …".
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum RestoreError {
+    #[error("no deletion log entry has id {0}")]
+    NoSuchEntry(i64),
+
+    #[error("it was already restored at {at} by '{by}'")]
+    AlreadyRestored { at: DateTime<Utc>, by: String },
+
+    #[error(
+        "it was logged before the deletion log kept snapshots, so there is nothing to put back"
+    )]
+    NoSnapshot,
+
+    #[error("a plant with id {0} exists again; delete or renumber it first")]
+    PlantExists(i64),
+
+    /// The table's columns are not the snapshot's: restoring would drop a value or leave
+    /// a column the snapshot cannot fill.
+    #[error("the plants table changed since the delete ({})", columns_changed(.missing, .unknown))]
+    ColumnsChanged {
+        /// Columns of the table now that the snapshot has no value for.
+        missing: Vec<String>,
+        /// Columns of the snapshot the table no longer has.
+        unknown: Vec<String>,
+    },
+
+    #[error("a row the plant referred to (a foreign key) no longer exists")]
+    ForeignKeyGone,
+
+    #[error("another plant already holds one of its unique values")]
+    UniqueConflict,
+
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn columns_changed(missing: &[String], unknown: &[String]) -> String {
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("no value for {}", missing.join(", ")));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!("no column for {}", unknown.join(", ")));
+    }
+    parts.join("; ")
+}
+
+impl RestoreError {
+    /// Sorts a failed insert of the snapshot by kind: a foreign key that no longer
+    /// resolves, or a unique value taken since.
+    pub fn from_insert(err: StoreError) -> Self {
+        match err {
+            StoreError::Referenced => RestoreError::ForeignKeyGone,
+            StoreError::Duplicate => RestoreError::UniqueConflict,
+            other => RestoreError::Store(other),
+        }
+    }
+}
+
+/// What a backend read of a log entry before restoring it.
+#[derive(Debug)]
+pub struct EntryState {
+    pub plant_id: i64,
+    pub has_snapshot: bool,
+    pub restored_at: Option<DateTime<Utc>>,
+    pub restored_by: Option<String>,
+    /// A plant with the entry's id is in `plants` now.
+    pub plant_exists: bool,
+}
+
+impl EntryState {
+    /// Refuses a restore that cannot be done whatever the table's columns are, checked in
+    /// the order a user would fix them.
+    pub fn restorable(self) -> Result<(), RestoreError> {
+        if let Some(at) = self.restored_at {
+            return Err(RestoreError::AlreadyRestored {
+                at,
+                by: self.restored_by.unwrap_or_default(),
+            });
+        }
+        if !self.has_snapshot {
+            return Err(RestoreError::NoSnapshot);
+        }
+        if self.plant_exists {
+            return Err(RestoreError::PlantExists(self.plant_id));
+        }
+        Ok(())
+    }
+}
+
+/// The columns of `plants` now (`table`) against those of a snapshot, each list sorted.
+pub fn column_changes(table: &[String], snapshot: &[String]) -> Result<(), RestoreError> {
+    let mut missing: Vec<String> = table
+        .iter()
+        .filter(|c| !snapshot.contains(c))
+        .cloned()
+        .collect();
+    let mut unknown: Vec<String> = snapshot
+        .iter()
+        .filter(|c| !table.contains(c))
+        .cloned()
+        .collect();
+    if missing.is_empty() && unknown.is_empty() {
+        return Ok(());
+    }
+    missing.sort();
+    unknown.sort();
+    Err(RestoreError::ColumnsChanged { missing, unknown })
+}
