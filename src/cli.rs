@@ -13,6 +13,7 @@ use plantstore_store::TokenRecord;
 use crate::{
     api,
     config::{Config, ServeConfig, parse_duration},
+    deletions::{self, DeletionsCommand},
     startup::{self, Application},
     tokens,
 };
@@ -46,6 +47,9 @@ pub enum Command {
     /// Manage API tokens
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Read the deletion log, restore a deleted plant, prune old entries
+    #[command(subcommand)]
+    Deletions(DeletionsCommand),
     /// Insert demo plants 1..=COUNT that are missing
     Seed {
         /// How many demo plants: ids 1 to COUNT
@@ -153,6 +157,12 @@ impl Cli {
                 Ok(())
             }
             Command::Token(command) => token(&config, command).await,
+            Command::Deletions(command) => {
+                let store = startup::open_store(&config).await?;
+                let outcome = deletions::run(store.as_ref(), command).await;
+                store.close().await;
+                outcome
+            }
             Command::Completions { shell } => {
                 // Into a buffer first: clap_complete panics on a failed write (`| head`).
                 let mut script = Vec::new();

@@ -7,6 +7,7 @@ mod cli;
 mod connections;
 mod contract;
 mod delete;
+mod deletion_log;
 mod existing_database;
 mod group_commit;
 mod idempotency;
