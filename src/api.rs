@@ -116,7 +116,8 @@ fn completed(spec: &str) -> Value {
         .filter_map(Value::as_object_mut)
         .flat_map(|methods| methods.values_mut());
     for operation in operations {
-        // poem-openapi would check these itself, with its own error; the handler does.
+        // poem-openapi would check these itself, with its own error; the handler does. No
+        // example: Swagger UI would fill it in, and every Try it out would share one key.
         let parameters = operation["parameters"].as_array_mut().into_iter().flatten();
         for parameter in parameters.filter(|p| p["name"] == idempotency::HEADER) {
             parameter["schema"] = json!({
@@ -125,10 +126,15 @@ fn completed(spec: &str) -> Value {
                 "maxLength": 2 * idempotency::MAX_LEN + 2,
                 "pattern": idempotency::PATTERN,
             });
-            parameter["example"] = json!("order-7-delete-1");
         }
         let responses = operation["responses"].as_object_mut().into_iter().flatten();
         for (status, response) in responses {
+            // poem-openapi writes a response header's name in capitals; the draft's spelling.
+            if let Some(headers) = response["headers"].as_object_mut()
+                && let Some(replayed) = headers.remove("IDEMPOTENT-REPLAYED")
+            {
+                headers.insert(idempotency::REPLAYED_HEADER.to_owned(), replayed);
+            }
             response["headers"][request_id::HEADER] = json!({
                 "description": "The request's id: the caller's own when it is 1 to 128 of A-Z a-z 0-9 - _ . : and else a new UUID; the same id is in the log line and the audit row",
                 "required": true,

@@ -8,6 +8,8 @@ use poem::http::HeaderMap;
 use crate::error::ApiError;
 
 pub const HEADER: &str = "Idempotency-Key";
+/// The response header that marks a repeated 204.
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 pub const MAX_LEN: usize = 255;
 
 /// What `parse` accepts, as a JSON Schema pattern for the OpenAPI document: a bare key

@@ -263,3 +263,26 @@ fn normalize(document: &Value, schema: &Value) -> Value {
         .unwrap_or_default();
     json!({ "type": schema["type"], "format": schema["format"], "required": required, "properties": properties })
 }
+
+#[tokio::test]
+async fn the_idempotency_key_and_its_answers_are_declared() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let operation = &served["paths"]["/plants/{id}"]["delete"];
+
+    let key = operation["parameters"]
+        .as_array()
+        .and_then(|list| list.iter().find(|p| p["name"] == "Idempotency-Key"))
+        .expect("Idempotency-Key is declared");
+    assert_eq!(
+        (&key["in"], &key["required"]),
+        (&json!("header"), &json!(false))
+    );
+    assert_eq!(key["schema"]["minLength"], 1);
+    assert_eq!(key["schema"]["maxLength"], 512);
+    assert!(key["schema"]["pattern"].is_string());
+    let replayed = &operation["responses"]["204"]["headers"]["Idempotent-Replayed"];
+    assert_eq!(replayed["schema"]["type"], "boolean");
+    let reused = &operation["responses"]["422"]["content"]["application/json"]["example"];
+    assert_eq!(reused["error"], 422);
+}
