@@ -16,19 +16,23 @@ trap 'stop_server; rm -rf "$work"' EXIT
 shots=target/browser-shots
 rm -rf "$shots" && mkdir -p "$shots"
 db="$work/browser.db"
-plant=7
+plant=7 keyed_plant=8 key=swagger-retry-1
 start_server swagger-ui "sqlite://$db?mode=rwc" 10
-BASE="$base" TOKEN="$token" PLANT="$plant" SHOTS="$shots" node tests/browser/swagger.mjs
+BASE="$base" TOKEN="$token" PLANT="$plant" KEYED_PLANT="$keyed_plant" KEY="$key" SHOTS="$shots" \
+  node tests/browser/swagger.mjs
 
-# What the page showed, the database must hold: plant 7 gone with one audit row naming
-# the token, every other plant still there.
-python3 - "$db" "$plant" <<'PY'
+# What the page showed, the database must hold: plants 7 and 8 gone with one audit row
+# each naming the token (8's with the key), every other plant still there.
+python3 - "$db" "$plant" "$keyed_plant" "$key" <<'PY'
 import sqlite3, sys
-db, plant = sqlite3.connect(sys.argv[1]), int(sys.argv[2])
+db, plant, keyed, key = sqlite3.connect(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 left = {row[0] for row in db.execute("SELECT id FROM plants")}
-audit = db.execute("SELECT token_name FROM plantstore_deletions WHERE plant_id = ?", (plant,)).fetchall()
-assert left == set(range(1, 11)) - {plant}, left
-assert audit == [("swagger-ui",)], audit
-print(f"ok: plant {plant} deleted through Swagger UI, audited for 'swagger-ui'; the others kept")
+audit = lambda p: db.execute(
+    "SELECT token_name, idempotency_key FROM plantstore_deletions WHERE plant_id = ?", (p,)).fetchall()
+assert left == set(range(1, 11)) - {plant, keyed}, left
+assert audit(plant) == [("swagger-ui", None)], audit(plant)
+assert audit(keyed) == [("swagger-ui", key)], audit(keyed)
+print(f"ok: plants {plant} and {keyed} deleted through Swagger UI, audited once each for 'swagger-ui'"
+      f" ({keyed} with key {key!r}); the others kept")
 PY
 echo "browser test passed; screenshots in $shots"
