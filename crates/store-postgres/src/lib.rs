@@ -355,53 +355,59 @@ impl BatchWriter for PgWriter {
             .await
             .map_err(|_| StoreError::Stopped)?;
         // Waits for a held row up to `lock_timeout`; a concurrent delete of the same row
-        // commits first and this one then finds nothing: one 204. A concurrent request
-        // with the same key holds its lock until it commits, so the lookup sees its entry.
+        // commits first and this one then finds nothing: one 204. Without a key that is
+        // one autocommit statement; with one, a transaction that first waits for any
+        // request holding the same key and looks for its entry.
         let mut conn = self.pool.acquire().await.map_err(unavailable)?;
-        let mut tx = conn.begin().await.map_err(classify)?;
-        let batch = std::slice::from_ref(deletion);
-        if deletion.idempotency_key.is_some() {
-            lock_keys(&mut tx, batch).await?;
-            let earlier = sqlx::query_scalar!(
-                "SELECT plant_id FROM plantstore_deletions
-                 WHERE token_name = $1 AND idempotency_key = $2
-                   AND deleted_at > now() - make_interval(secs => $3)
-                 ORDER BY id DESC LIMIT 1",
-                deletion.caller.as_ref(),
-                deletion.idempotency_key.as_deref(),
-                self.idempotency_ttl,
-            )
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(classify)?;
-            match earlier {
-                Some(plant_id) if plant_id == deletion.plant_id => return Ok(Outcome::Replayed),
-                Some(plant_id) => return Ok(Outcome::KeyReused(plant_id)),
-                None => {}
-            }
+        if deletion.idempotency_key.is_none() {
+            return delete_row(&mut conn, deletion).await;
         }
-        let deleted = sqlx::query_scalar!(
-            "WITH deleted AS (DELETE FROM plants p WHERE p.id = $1::BIGINT
-                              RETURNING p.id, to_jsonb(p) AS snapshot)
-             INSERT INTO plantstore_deletions
-                 (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
-             SELECT id, $2, $3, $4, snapshot, now() FROM deleted
-             RETURNING plant_id",
-            deletion.plant_id,
+        let mut tx = conn.begin().await.map_err(classify)?;
+        lock_keys(&mut tx, std::slice::from_ref(deletion)).await?;
+        let earlier = sqlx::query_scalar!(
+            "SELECT plant_id FROM plantstore_deletions
+             WHERE token_name = $1 AND idempotency_key = $2
+               AND deleted_at > now() - make_interval(secs => $3)
+             ORDER BY id DESC LIMIT 1",
             deletion.caller.as_ref(),
-            deletion.request_id,
             deletion.idempotency_key.as_deref(),
+            self.idempotency_ttl,
         )
-        .fetch_all(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await
         .map_err(classify)?;
+        let outcome = match earlier {
+            Some(plant_id) if plant_id == deletion.plant_id => Outcome::Replayed,
+            Some(plant_id) => Outcome::KeyReused(plant_id),
+            None => delete_row(&mut tx, deletion).await?,
+        };
         tx.commit().await.map_err(classify)?;
-        Ok(if deleted.is_empty() {
-            Outcome::NotFound
-        } else {
-            Outcome::Deleted
-        })
+        Ok(outcome)
     }
+}
+
+/// Deletes one plant, waiting for its row, and writes its audit row.
+async fn delete_row(conn: &mut PgConnection, deletion: &Deletion) -> Result<Outcome, StoreError> {
+    let deleted = sqlx::query_scalar!(
+        "WITH deleted AS (DELETE FROM plants p WHERE p.id = $1::BIGINT
+                          RETURNING p.id, to_jsonb(p) AS snapshot)
+         INSERT INTO plantstore_deletions
+             (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+         SELECT id, $2, $3, $4, snapshot, now() FROM deleted
+         RETURNING plant_id",
+        deletion.plant_id,
+        deletion.caller.as_ref(),
+        deletion.request_id,
+        deletion.idempotency_key.as_deref(),
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(if deleted.is_empty() {
+        Outcome::NotFound
+    } else {
+        Outcome::Deleted
+    })
 }
 
 #[async_trait]
