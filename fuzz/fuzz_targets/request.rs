@@ -1,18 +1,20 @@
 //! `DELETE /plants/{id}` through the very app the binary serves (middleware, router, the
-//! path's id parser, the `Authorization` parser, the request-id check), on a SQLite file
-//! in memory-backed /dev/shm: every answer is the one the README's table gives, in the
-//! `Error` shape, with a request id; never a 500 or a panic.
+//! path's id parser, the `Authorization` parser, the request-id check, `Idempotency-Key`),
+//! on a SQLite file in memory-backed /dev/shm: every answer is the one the README's table
+//! gives, in the `Error` shape, with a request id; never a 500 or a panic.
 #![no_main]
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     sync::{Arc, LazyLock, Mutex},
     time::Duration,
 };
 
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
-use plantstore::{app, cli::Cli, metrics::Metrics, startup, state::AppState, tokens};
+use plantstore::{
+    app, cli::Cli, idempotency, metrics::Metrics, startup, state::AppState, tokens,
+};
 use poem::{
     Endpoint, EndpointExt, Request, Response,
     endpoint::BoxEndpoint,
@@ -27,6 +29,8 @@ struct Service {
     app: BoxEndpoint<'static, Response>,
     token: String,
     deleted: Mutex<HashSet<i64>>,
+    /// Each idempotency key that deleted a plant, and that plant.
+    keys: Mutex<HashMap<String, i64>>,
 }
 
 static SERVICE: LazyLock<Service> = LazyLock::new(|| {
@@ -55,6 +59,7 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
         app,
         token,
         deleted: Mutex::new(HashSet::new()),
+        keys: Mutex::new(HashMap::new()),
     }
 });
 
@@ -72,6 +77,7 @@ struct Input {
     id: Vec<u8>,
     auth: Auth,
     request_id: Option<Vec<u8>>,
+    idempotency_key: Option<Vec<u8>>,
 }
 
 fuzz_target!(|input: Input| {
@@ -95,7 +101,25 @@ fuzz_target!(|input: Input| {
     if let Some(id) = &input.request_id {
         request = request.header("x-request-id", id.as_slice());
     }
+    if let Some(key) = &input.idempotency_key {
+        request = request.header(idempotency::HEADER, key.as_slice());
+    }
     let request = request.finish();
+    let sent_key = request
+        .headers()
+        .get(idempotency::HEADER)
+        .map(|v| v.as_bytes().to_vec());
+    if input.idempotency_key.is_some() && sent_key.is_none() {
+        return;
+    }
+    // The key as the README defines it: `Err` for one the service must refuse.
+    let key = sent_key.map(|raw| {
+        std::str::from_utf8(&raw)
+            .ok()
+            .and_then(|text| idempotency::parse(text).ok())
+            .map(|key| key.to_string())
+            .ok_or(())
+    });
     // A header value the HTTP crate refuses never reaches the server.
     let sent_auth = request.headers().contains_key(header::AUTHORIZATION);
     if matches!(input.auth, Auth::Raw(_) | Auth::Bearer(_)) && !sent_auth {
@@ -112,19 +136,31 @@ fuzz_target!(|input: Input| {
         .expect("the app answers");
     let status = response.status();
 
+    let mut expect_replayed = false;
     let expected = match (&input.auth, std::str::from_utf8(&input.id)) {
         _ if input.id.is_empty() => vec![StatusCode::NOT_FOUND],
         (Auth::Valid, Ok(text)) => match text.parse::<i64>() {
             Err(_) => vec![StatusCode::BAD_REQUEST],
-            Ok(id) => {
-                let live = (1..=SEEDED).contains(&id)
-                    && service.deleted.lock().expect("not poisoned").insert(id);
-                vec![if live {
-                    StatusCode::NO_CONTENT
-                } else {
-                    StatusCode::NOT_FOUND
-                }]
-            }
+            Ok(id) => match &key {
+                Some(Err(())) => vec![StatusCode::BAD_REQUEST],
+                Some(Ok(key)) => {
+                    let mut keys = service.keys.lock().expect("not poisoned");
+                    match keys.get(key) {
+                        Some(&earlier) if earlier == id => {
+                            expect_replayed = true;
+                            vec![StatusCode::NO_CONTENT]
+                        }
+                        Some(_) => vec![StatusCode::UNPROCESSABLE_ENTITY],
+                        None if delete_live(service, id) => {
+                            keys.insert(key.clone(), id);
+                            vec![StatusCode::NO_CONTENT]
+                        }
+                        None => vec![StatusCode::NOT_FOUND],
+                    }
+                }
+                None if delete_live(service, id) => vec![StatusCode::NO_CONTENT],
+                None => vec![StatusCode::NOT_FOUND],
+            },
         },
         (Auth::Valid, Err(_)) => vec![StatusCode::BAD_REQUEST],
         _ => vec![StatusCode::UNAUTHORIZED],
@@ -144,6 +180,12 @@ fuzz_target!(|input: Input| {
         Some(sent) => assert_eq!(request_id, sent, "a sane request id is echoed"),
         None => assert_eq!(request_id.len(), 36, "a new UUID"),
     }
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .map(|v| v.as_bytes());
+    let expected_header = expect_replayed.then_some(&b"true"[..]);
+    assert_eq!(replayed, expected_header, "Idempotent-Replayed for {input:?}");
     if status == StatusCode::UNAUTHORIZED {
         assert!(response.headers().contains_key(header::WWW_AUTHENTICATE));
     }
@@ -165,6 +207,11 @@ fuzz_target!(|input: Input| {
         assert_eq!(body.as_object().map(|o| o.len()), Some(2));
     }
 });
+
+/// Whether plant `id` is there to delete now (and, by the caller, will be gone after).
+fn delete_live(service: &Service, id: i64) -> bool {
+    (1..=SEEDED).contains(&id) && service.deleted.lock().expect("not poisoned").insert(id)
+}
 
 /// The README's rule for a request id the service keeps: 1 to 128 of `A-Z a-z 0-9 - _ . :`.
 fn sane(id: &[u8]) -> bool {
