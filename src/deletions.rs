@@ -6,6 +6,7 @@ use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store};
+use serde_json::value::RawValue;
 
 use crate::config::parse_duration;
 
@@ -64,7 +65,7 @@ pub async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result
             };
             let entries = store.list_deletions(&filter).await?;
             if json {
-                println!("{}", as_json(&entries));
+                println!("{}", as_json(&entries)?);
             } else {
                 print_table(&entries);
             }
@@ -103,27 +104,45 @@ fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-fn as_json(entries: &[DeletionRecord]) -> serde_json::Value {
-    entries
+/// One entry of `list --json`. The snapshot is written out as the database stored it:
+/// parsing it would round a NUMERIC of many digits to a double, and refuse the 9e999
+/// SQLite writes for an infinite REAL.
+#[derive(serde::Serialize)]
+struct JsonEntry<'a> {
+    id: i64,
+    plant_id: i64,
+    caller: &'a str,
+    request_id: &'a str,
+    idempotency_key: Option<&'a str>,
+    deleted_at: String,
+    snapshot: Option<Box<RawValue>>,
+    restored_at: Option<String>,
+    restored_by: Option<&'a str>,
+}
+
+fn as_json(entries: &[DeletionRecord]) -> serde_json::Result<String> {
+    let entries: Vec<JsonEntry<'_>> = entries
         .iter()
-        .map(|entry| {
-            let snapshot = entry
-                .snapshot
-                .as_deref()
-                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok());
-            serde_json::json!({
-                "id": entry.id,
-                "plant_id": entry.plant_id,
-                "caller": entry.caller,
-                "request_id": entry.request_id,
-                "idempotency_key": entry.idempotency_key,
-                "deleted_at": time(entry.deleted_at),
-                "snapshot": snapshot,
-                "restored_at": entry.restored_at.map(time),
-                "restored_by": entry.restored_by,
-            })
+        .map(|entry| JsonEntry {
+            id: entry.id,
+            plant_id: entry.plant_id,
+            caller: &entry.caller,
+            request_id: &entry.request_id,
+            idempotency_key: entry.idempotency_key.as_deref(),
+            deleted_at: time(entry.deleted_at),
+            snapshot: entry.snapshot.as_deref().map(raw_json),
+            restored_at: entry.restored_at.map(time),
+            restored_by: entry.restored_by.as_deref(),
         })
-        .collect()
+        .collect();
+    serde_json::to_string(&entries)
+}
+
+/// `text` as JSON; should it not be JSON, as a JSON string of it.
+fn raw_json(text: &str) -> Box<RawValue> {
+    RawValue::from_string(text.to_owned())
+        .or_else(|_| serde_json::value::to_raw_value(text))
+        .unwrap_or_default()
 }
 
 fn print_table(entries: &[DeletionRecord]) {

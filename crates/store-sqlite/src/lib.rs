@@ -348,14 +348,18 @@ async fn restore(conn: &mut SqliteConnection, entry: i64, by: &str) -> Result<i6
         plant_exists: found.plant_exists,
     }
     .restorable()?;
-    let snapshot = found.snapshot.unwrap_or_default();
     let table = snapshot::table_columns(&mut tx).await?;
-    let held: Vec<String> =
-        serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(&snapshot)
-            .map_err(|err| StoreError::Other(Arc::new(sqlx::Error::Decode(err.into()))))?
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
+    // Read by SQLite, not serde_json: SQLite writes an infinite REAL as 9e999, which
+    // serde_json refuses as out of range.
+    let held = sqlx::query_scalar!(
+        r#"SELECT '' || entry.key AS "key!: String"
+           FROM plantstore_deletions AS log, json_each(log.snapshot) AS entry
+           WHERE log.id = ?"#,
+        entry
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(classify)?;
     plantstore_store::column_changes(&table, &held)?;
     snapshot::insert_from_snapshot(&table, entry)
         .execute(&mut *tx)
