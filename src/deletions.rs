@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
-use plantstore_store::{DeletionFilter, DeletionRecord, Store};
+use plantstore_store::{DeletionFilter, DeletionRecord, Store, before_now};
 use serde_json::value::RawValue;
 
 use crate::config::parse_duration;
@@ -94,10 +94,7 @@ pub async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result
 
 /// The moment `duration` before now.
 fn ago(duration: Duration) -> anyhow::Result<DateTime<Utc>> {
-    chrono::Duration::from_std(duration)
-        .ok()
-        .and_then(|duration| Utc::now().checked_sub_signed(duration))
-        .context("the duration reaches back before any date the log can hold")
+    before_now(duration).context("the duration reaches back before any date the log can hold")
 }
 
 fn time(at: DateTime<Utc>) -> String {

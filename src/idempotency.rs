@@ -21,12 +21,12 @@ pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,
 /// is sent twice or is not a valid key.
 pub fn from_headers(headers: &HeaderMap) -> Result<Option<Arc<str>>, ApiError> {
     let mut values = headers.get_all(HEADER).iter();
-    let (Some(value), None) = (values.next(), values.next()) else {
-        return match headers.contains_key(HEADER) {
-            true => Err(ApiError::InvalidIdempotencyKey),
-            false => Ok(None),
-        };
+    let Some(value) = values.next() else {
+        return Ok(None);
     };
+    if values.next().is_some() {
+        return Err(ApiError::InvalidIdempotencyKey);
+    }
     let text = value
         .to_str()
         .map_err(|_not_ascii| ApiError::InvalidIdempotencyKey)?;

@@ -255,12 +255,7 @@ async fn each_refusal_is_one_clear_line_and_changes_nothing(backend: Backend) {
 async fn the_list_filters_and_prune_ends_replays(backend: Backend) {
     let app = spawn_app(backend).await;
     app.add_plants(&[1, 2, 3]).await;
-    let store = plantstore::startup::open_store(&crate::helpers::test_config(&app.db.url))
-        .await
-        .expect("store");
-    let other = plantstore::tokens::create(store.as_ref(), "other", None)
-        .await
-        .expect("a second token");
+    let other = app.new_token("other").await;
     for (id, key) in [(1, "one"), (2, "two")] {
         assert_eq!(
             app.delete_keyed(id, key).await.status(),

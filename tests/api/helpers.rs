@@ -323,10 +323,26 @@ impl TestApp {
         self.delete(&id.to_string()).await
     }
 
+    /// `DELETE /plants/{raw_id}`, to send with whatever headers a test needs.
+    pub fn delete_request(&self, raw_id: &str) -> reqwest::RequestBuilder {
+        self.client
+            .delete(format!("{}/plants/{raw_id}", self.address))
+    }
+
+    /// A new token named `name`, made as `plantstore token create` makes it.
+    pub async fn new_token(&self, name: &str) -> String {
+        let store = plantstore::startup::open_store(&test_config(&self.db.url))
+            .await
+            .expect("the store opens");
+        let token = plantstore::tokens::create(store.as_ref(), name, None)
+            .await
+            .expect("a token");
+        store.close().await;
+        token
+    }
+
     pub async fn delete_with(&self, raw_id: &str, token: Option<&str>) -> Response {
-        let mut request = self
-            .client
-            .delete(format!("{}/plants/{raw_id}", self.address));
+        let mut request = self.delete_request(raw_id);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }
@@ -335,8 +351,7 @@ impl TestApp {
 
     /// `DELETE /plants/{id}` with `token` and `Idempotency-Key: {key}` (sent as it is).
     pub async fn delete_keyed_with(&self, id: i64, key: &str, token: &str) -> Response {
-        self.client
-            .delete(format!("{}/plants/{id}", self.address))
+        self.delete_request(&id.to_string())
             .bearer_auth(token)
             .header("Idempotency-Key", key)
             .send()

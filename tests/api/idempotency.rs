@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use futures::{FutureExt, future::join_all};
-use plantstore::{startup::Application, tokens};
+use plantstore::startup::Application;
 use reqwest::{Response, StatusCode};
 
 use crate::{
@@ -77,12 +77,7 @@ async fn a_key_reused_for_another_plant_is_422_and_deletes_nothing(backend: Back
 async fn another_caller_with_the_same_key_is_independent(backend: Backend) {
     let app = spawn_app(backend).await;
     app.add_plants(&[1, 2]).await;
-    let store = plantstore::startup::open_store(&test_config(&app.db.url))
-        .await
-        .expect("store");
-    let other = tokens::create(store.as_ref(), "other", None)
-        .await
-        .expect("a second token");
+    let other = app.new_token("other").await;
 
     assert!(!assert_204(&app.delete_keyed(1, "shared").await));
     // Not the other caller's key: plant 1 is simply gone, plant 2 is theirs to delete.
@@ -284,14 +279,12 @@ async fn malformed_keys_are_400_and_delete_nothing(backend: Backend) {
     }
     let non_ascii = reqwest::header::HeaderValue::from_bytes(b"caf\xe9").expect("obs-text");
     let twice = app
-        .client
-        .delete(format!("{}/plants/1", app.address))
+        .delete_request("1")
         .bearer_auth(&app.token)
         .header("Idempotency-Key", "one")
         .header("Idempotency-Key", "two");
     let latin1 = app
-        .client
-        .delete(format!("{}/plants/1", app.address))
+        .delete_request("1")
         .bearer_auth(&app.token)
         .header("Idempotency-Key", non_ascii);
     for (what, request) in [("twice", twice), ("latin1", latin1)] {
@@ -301,8 +294,7 @@ async fn malformed_keys_are_400_and_delete_nothing(backend: Backend) {
     }
     // Without a token, 401 comes first whatever the key.
     let anonymous = app
-        .client
-        .delete(format!("{}/plants/1", app.address))
+        .delete_request("1")
         .header("Idempotency-Key", "\"open")
         .send()
         .await

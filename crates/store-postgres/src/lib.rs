@@ -500,14 +500,10 @@ impl Store for PostgresStore {
         let mut conn = self.connection().await?;
         let mut tx = conn.begin().await.map_err(classify)?;
         // FOR UPDATE: a second restore of the same entry waits, then sees it restored.
-        let found = sqlx::query!(
+        let found = sqlx::query_as!(
+            EntryState,
             r#"SELECT plant_id, snapshot IS NOT NULL AS "has_snapshot!", restored_at, restored_by,
-                      EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!",
-                      ARRAY(SELECT attname::TEXT FROM pg_attribute
-                            WHERE attrelid = to_regclass('plants') AND attnum > 0
-                              AND NOT attisdropped AND attgenerated = ''
-                            ORDER BY attnum) AS "table!",
-                      ARRAY(SELECT jsonb_object_keys(COALESCE(snapshot, '{}'))) AS "held!"
+                      EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!"
                FROM plantstore_deletions AS log WHERE id = $1
                FOR UPDATE"#,
             entry
@@ -516,15 +512,21 @@ impl Store for PostgresStore {
         .await
         .map_err(classify)?
         .ok_or(RestoreError::NoSuchEntry(entry))?;
-        EntryState {
-            plant_id: found.plant_id,
-            has_snapshot: found.has_snapshot,
-            restored_at: found.restored_at,
-            restored_by: found.restored_by,
-            plant_exists: found.plant_exists,
-        }
-        .restorable()?;
-        plantstore_store::column_changes(&found.table, &found.held)?;
+        let plant_id = found.plant_id;
+        found.restorable()?;
+        let columns = sqlx::query!(
+            r#"SELECT ARRAY(SELECT attname::TEXT FROM pg_attribute
+                            WHERE attrelid = to_regclass('plants') AND attnum > 0
+                              AND NOT attisdropped AND attgenerated = ''
+                            ORDER BY attnum) AS "table!",
+                      ARRAY(SELECT jsonb_object_keys(snapshot)) AS "held!"
+               FROM plantstore_deletions WHERE id = $1"#,
+            entry
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(classify)?;
+        plantstore_store::column_changes(&columns.table, &columns.held)?;
         // OVERRIDING SYSTEM VALUE: the plant gets its own id back even where `plants.id`
         // is GENERATED ALWAYS AS IDENTITY.
         sqlx::query!(
@@ -547,7 +549,7 @@ impl Store for PostgresStore {
         tx.commit()
             .await
             .map_err(|err| RestoreError::from_insert(classify(err)))?;
-        Ok(found.plant_id)
+        Ok(plant_id)
     }
 
     #[tracing::instrument(skip(self))]

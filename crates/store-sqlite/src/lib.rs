@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use plantstore_store::{
     BatchWriter, Batcher, Deleted, Deletion, DeletionFilter, DeletionRecord, EntryState, Histogram,
     Outcome, RestoreError, SchemaFacts, Store, StoreError, StoreSettings, StoreStats, TokenRecord,
-    probe, schema_verdict,
+    before_now, probe, schema_verdict,
 };
 use sqlx::{
     Connection, Sqlite, SqliteConnection,
@@ -192,7 +192,8 @@ impl BatchWriter for SqliteWriter {
             .columns
             .get_or_try_init(|| PlantColumns::read(&mut *conn))
             .await?;
-        let since = replay_window_start(self.idempotency_ttl);
+        // The replay window of idempotency keys opens this long ago.
+        let since = before_now(self.idempotency_ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
         let committed = commit_batch(conn, columns, since, batch).await;
         if committed.is_err() {
             writer.discard().await;
@@ -205,14 +206,6 @@ impl BatchWriter for SqliteWriter {
         let outcomes = self.delete_batch(std::slice::from_ref(deletion)).await?;
         Ok(outcomes.first().copied().unwrap_or(Outcome::NotFound))
     }
-}
-
-/// When the replay window of idempotency keys opens, counted back from now.
-fn replay_window_start(ttl: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(ttl)
-        .ok()
-        .and_then(|ttl| Utc::now().checked_sub_signed(ttl))
-        .unwrap_or(DateTime::<Utc>::MIN_UTC)
 }
 
 /// One batch on the writer: which keys already deleted a plant, then the delete and the
@@ -329,8 +322,9 @@ async fn earlier_deletions(
 /// restored, in one transaction on the writer; every refusal leaves both as they were.
 async fn restore(conn: &mut SqliteConnection, entry: i64, by: &str) -> Result<i64, RestoreError> {
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
-    let found = sqlx::query!(
-        r#"SELECT plant_id AS "plant_id!: i64", snapshot,
+    let found = sqlx::query_as!(
+        EntryState,
+        r#"SELECT plant_id AS "plant_id!: i64", snapshot IS NOT NULL AS "has_snapshot!: bool",
                   restored_at AS "restored_at?: DateTime<Utc>", restored_by,
                   EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!: bool"
            FROM plantstore_deletions AS log WHERE id = ?"#,
@@ -340,14 +334,8 @@ async fn restore(conn: &mut SqliteConnection, entry: i64, by: &str) -> Result<i6
     .await
     .map_err(classify)?
     .ok_or(RestoreError::NoSuchEntry(entry))?;
-    EntryState {
-        plant_id: found.plant_id,
-        has_snapshot: found.snapshot.is_some(),
-        restored_at: found.restored_at,
-        restored_by: found.restored_by,
-        plant_exists: found.plant_exists,
-    }
-    .restorable()?;
+    let plant_id = found.plant_id;
+    found.restorable()?;
     let table = snapshot::table_columns(&mut tx).await?;
     // Read by SQLite, not serde_json: SQLite writes an infinite REAL as 9e999, which
     // serde_json refuses as out of range.
@@ -378,7 +366,7 @@ async fn restore(conn: &mut SqliteConnection, entry: i64, by: &str) -> Result<i6
     tx.commit()
         .await
         .map_err(|err| RestoreError::from_insert(classify(err)))?;
-    Ok(found.plant_id)
+    Ok(plant_id)
 }
 
 /// One audit row as the insert reads it from JSON: plant id, caller, request id,

@@ -11,7 +11,9 @@ mod log;
 
 pub use batcher::{BatchWriter, Batcher, Outcome};
 pub use error::StoreError;
-pub use log::{DeletionFilter, DeletionRecord, EntryState, RestoreError, column_changes};
+pub use log::{
+    DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
+};
 /// The handle group-commit batch sizes are recorded in (the `metrics` crate's).
 pub use metrics::Histogram;
 
