@@ -35,9 +35,10 @@ pub enum DeletionsCommand {
     Restore {
         /// The log entry's id (the first column of `deletions list`)
         deletion_id: i64,
-        /// Who restores it, kept in the log entry
-        #[arg(long, value_name = "NAME", env = "USER")]
-        by: String,
+        /// Who restores it, kept in the log entry [default: the name of the user running
+        /// this command, looked up from its uid as `id -un` does]
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
     },
     /// Remove log entries older than DURATION; their Idempotency-Keys stop replaying
     Prune {
@@ -71,6 +72,7 @@ pub async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result
             }
         }
         DeletionsCommand::Restore { deletion_id, by } => {
+            let by = by.unwrap_or_else(current_user);
             let by = by.trim();
             if by.is_empty() || by.len() > 128 {
                 bail!("--by must name who restores, in 1 to 128 characters");
@@ -90,6 +92,16 @@ pub async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result
         }
     }
     Ok(())
+}
+
+/// The name of the user this process runs as, from its uid rather than `$USER`, which a
+/// container (`docker compose exec`) or a cron job may not set; `uid N` if it has no name.
+fn current_user() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    }
 }
 
 /// The moment `duration` before now.

@@ -17,6 +17,7 @@ on_both_backends!(
     each_refusal_is_one_clear_line_and_changes_nothing,
     the_list_filters_and_prune_ends_replays,
     an_install_from_before_snapshots_is_upgraded_in_place,
+    a_restore_without_by_names_the_user_running_it,
 );
 
 /// `plantstore deletions …` on the app's database, in a clean environment.
@@ -404,4 +405,25 @@ async fn an_infinite_real_on_sqlite_is_logged_and_restored() {
     succeeded(&deletions(&app, &["restore", &id, "--by", "ops"]));
 
     assert_eq!(row_text(&app.db, row, 1).await, Some(before));
+}
+
+/// `docker compose exec plantstore plantstore deletions restore 5` has no `$USER`: the
+/// restorer is the user the command runs as, by its uid.
+async fn a_restore_without_by_names_the_user_running_it(backend: Backend) {
+    let app = spawn_app(backend).await;
+    app.add_plants(&[1]).await;
+    assert_eq!(app.delete_id(1).await.status(), StatusCode::NO_CONTENT);
+    let id = entry_id(&list(&app, &[])[0]);
+    let whoami = Command::new("id").arg("-un").output().expect("id -un");
+    let user = String::from_utf8_lossy(&whoami.stdout).trim().to_owned();
+    assert!(!user.is_empty());
+
+    let out = succeeded(&deletions(&app, &["restore", &id]));
+
+    assert_eq!(
+        out.trim(),
+        format!("restored plant 1 from deletion {id}, by '{user}'")
+    );
+    assert_eq!(list(&app, &[])[0]["restored_by"], user.as_str());
+    assert!(app.db.plant_exists(1).await);
 }
