@@ -209,6 +209,9 @@ async fn serve(config: &Config) -> anyhow::Result<()> {
         address.port()
     );
     println!("Swagger UI: http://{shown_host}:{}/docs", address.port());
+    if let Some(admin) = app.admin_address() {
+        println!("Health checks and metrics on http://{admin}/healthz, /readyz and /metrics");
+    }
     app.run_until_stopped(shutdown).await?;
     tracing::info!("stopped");
     Ok(())

@@ -102,6 +102,21 @@ pub struct ServeConfig {
     #[arg(long, env = "PLANTSTORE_IDEMPOTENCY_TTL", default_value = "24h",
           value_parser = parse_duration)]
     pub idempotency_ttl: Duration,
+
+    /// Origins whose web pages may call the service from a browser: `*`, or a comma list
+    /// such as https://shop.example,http://localhost:3000 (`off`, empty or unset: none)
+    #[arg(long, env = "PLANTSTORE_CORS_ALLOWED_ORIGINS", default_value = "off")]
+    pub cors_allowed_origins: CorsOrigins,
+
+    /// A second address, such as 127.0.0.1:9090, for /healthz, /readyz and /metrics,
+    /// which then leave the public one (empty or unset: they stay on the public address)
+    #[arg(
+        long,
+        env = "PLANTSTORE_ADMIN_LISTEN",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub admin_listen: AdminListen,
 }
 
 /// JWT bearer tokens from an identity provider, beside the service's own tokens: one key
@@ -196,6 +211,81 @@ impl FromStr for RateLimit {
                 .map_err(|_| {
                     "write a whole number of requests per second, such as 100, or off".into()
                 }),
+        }
+    }
+}
+
+/// `PLANTSTORE_CORS_ALLOWED_ORIGINS`: which browser origins may call the service.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CorsOrigins {
+    /// No CORS at all: a preflight is a 405 like any other OPTIONS.
+    #[default]
+    Off,
+    Any,
+    /// Origins as browsers send them (`scheme://host[:port]`), lower-cased.
+    Only(Vec<String>),
+}
+
+impl CorsOrigins {
+    /// Whether a request's `Origin` header names an allowed origin.
+    pub fn allows(&self, origin: &str) -> bool {
+        match self {
+            CorsOrigins::Off => false,
+            CorsOrigins::Any => true,
+            CorsOrigins::Only(origins) => origins.iter().any(|o| o.eq_ignore_ascii_case(origin)),
+        }
+    }
+}
+
+impl FromStr for CorsOrigins {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "" | "off" => return Ok(Self::Off),
+            "*" => return Ok(Self::Any),
+            _ => {}
+        }
+        text.split(',')
+            .map(str::trim)
+            .filter(|origin| !origin.is_empty())
+            .map(origin)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self::Only)
+    }
+}
+
+/// One origin of the list, as a browser's `Origin` header spells it.
+fn origin(text: &str) -> Result<String, String> {
+    let bare = text.strip_suffix('/').unwrap_or(text);
+    let host = bare
+        .strip_prefix("http://")
+        .or_else(|| bare.strip_prefix("https://"));
+    match host {
+        Some(host) if !host.is_empty() && !host.contains(['/', '?', '#', '*', '@', ' ']) => {
+            Ok(bare.to_ascii_lowercase())
+        }
+        _ => Err(format!(
+            "'{text}' is not an origin: write * or origins like https://shop.example or http://localhost:3000, separated by commas"
+        )),
+    }
+}
+
+/// `PLANTSTORE_ADMIN_LISTEN`: an address, or none when empty, so that
+/// `PLANTSTORE_ADMIN_LISTEN=` in a compose file or `.env` does what it looks like.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdminListen(pub Option<SocketAddr>);
+
+impl FromStr for AdminListen {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "" => Ok(Self(None)),
+            address => address
+                .parse()
+                .map(|address| Self(Some(address)))
+                .map_err(|_| "write an address such as 127.0.0.1:9090 or 0.0.0.0:9090".into()),
         }
     }
 }
@@ -356,6 +446,48 @@ mod tests {
         assert_eq!("100".parse(), Ok(RateLimit(NonZeroU32::new(100))));
         assert!("0".parse::<RateLimit>().is_err());
         assert!("fast".parse::<RateLimit>().is_err());
+    }
+
+    #[test]
+    fn cors_origins_read_as_off_any_or_a_list() {
+        assert_eq!("".parse(), Ok(CorsOrigins::Off));
+        assert_eq!("off".parse(), Ok(CorsOrigins::Off));
+        assert_eq!(" * ".parse(), Ok(CorsOrigins::Any));
+        let list: CorsOrigins = "https://Shop.example/, http://localhost:3000"
+            .parse()
+            .expect("two origins");
+        assert_eq!(
+            list,
+            CorsOrigins::Only(vec![
+                "https://shop.example".into(),
+                "http://localhost:3000".into()
+            ])
+        );
+        assert!(list.allows("http://localhost:3000"));
+        assert!(list.allows("https://SHOP.example"));
+        assert!(!list.allows("http://localhost:3001"));
+        assert!(!CorsOrigins::Off.allows("http://localhost:3000"));
+        for bad in [
+            "shop.example",
+            "https://shop.example/app",
+            "https://*.example",
+            "ftp://x",
+        ] {
+            let err = bad.parse::<CorsOrigins>().expect_err(bad);
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+
+    #[test]
+    fn an_empty_admin_address_is_none() {
+        assert_eq!("".parse(), Ok(AdminListen(None)));
+        assert_eq!(
+            "127.0.0.1:9090".parse(),
+            Ok(AdminListen(Some(
+                "127.0.0.1:9090".parse().expect("address")
+            )))
+        );
+        assert!("9090".parse::<AdminListen>().is_err());
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod cli;
 pub mod config;
 pub mod connections;
+pub mod cors;
 pub mod deletions;
 pub mod error;
 pub mod idempotency;

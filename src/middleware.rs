@@ -20,8 +20,8 @@ use crate::{
     routes, telemetry,
 };
 
-/// Wraps the whole app, so no response (error, panic, unknown route) leaves without the
-/// `Error` shape and an `x-request-id`; and every answer is counted in `/metrics`.
+/// Wraps the whole app, so no response (error, panic, unknown route, preflight) leaves
+/// without an `x-request-id` and a log line; and every answer is counted in `/metrics`.
 pub struct RequestContext(pub Arc<Metrics>);
 
 impl<E: Endpoint> Middleware<E> for RequestContext {
@@ -46,8 +46,6 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
     async fn call(&self, mut req: Request) -> Result<Self::Output> {
         let started = Instant::now();
         let request_id = RequestId::from_headers(req.headers());
-        let token_sent = req.headers().contains_key(header::AUTHORIZATION);
-        let allow = routes::allowed_methods(req.uri().path());
         let route = routes::template(req.uri().path());
         let method = req.method().clone();
         let span = tracing::info_span!(
@@ -62,33 +60,85 @@ impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
             *req.uri_mut() = uri;
         }
 
+        // Errors are answered by `ErrorShape` further in; what still arrives here as one
+        // (from a layer between the two) gets the same shape.
+        let facts = RequestFacts::of(&req);
         let mut response = match self.inner.call(req).instrument(span.clone()).await {
             Ok(output) => output.into_response(),
-            Err(err) => {
-                let error = ApiError::from_poem(err, token_sent, allow);
-                if let ApiError::Unauthorized(failure) = error {
-                    self.metrics.auth_failed(failure.as_str());
-                }
-                error.as_response()
-            }
+            Err(err) => facts.answer(err, &self.metrics),
         };
         if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
             response.headers_mut().insert(request_id::HEADER, value);
         }
-        self.metrics.answered(
-            route,
-            method.as_str(),
-            response.status().as_u16(),
-            started.elapsed(),
-        );
+        let status = response.status().as_u16();
+        self.metrics
+            .answered(route, method.as_str(), status, started.elapsed());
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         span.in_scope(|| {
-            tracing::info!(
-                status = response.status().as_u16(),
-                latency_ms = started.elapsed().as_secs_f64() * 1000.0,
-                "request finished"
-            );
+            // A health check every few seconds would bury the requests that matter.
+            if routes::is_probe(route) && status < 500 {
+                tracing::debug!(status, latency_ms, "request finished");
+            } else {
+                tracing::info!(status, latency_ms, "request finished");
+            }
         });
         Ok(response)
+    }
+}
+
+/// Turns every error from the app (routing, path parsing, auth, handlers, panics) into
+/// its `Error` answer, before the CORS layer adds its headers to it.
+pub struct ErrorShape(pub Arc<Metrics>);
+
+impl<E: Endpoint> Middleware<E> for ErrorShape {
+    type Output = ErrorShapeEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        ErrorShapeEndpoint {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+pub struct ErrorShapeEndpoint<E> {
+    inner: E,
+    metrics: Arc<Metrics>,
+}
+
+impl<E: Endpoint> Endpoint for ErrorShapeEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        let facts = RequestFacts::of(&req);
+        Ok(match self.inner.call(req).await {
+            Ok(output) => output.into_response(),
+            Err(err) => facts.answer(err, &self.metrics),
+        })
+    }
+}
+
+/// What an error's answer needs to know of its request.
+struct RequestFacts {
+    token_sent: bool,
+    /// The methods of the request's path, for a 405's `Allow`.
+    allow: &'static str,
+}
+
+impl RequestFacts {
+    fn of(req: &Request) -> Self {
+        Self {
+            token_sent: req.headers().contains_key(header::AUTHORIZATION),
+            allow: routes::allowed_methods(req.uri().path()),
+        }
+    }
+
+    fn answer(&self, err: poem::Error, metrics: &Metrics) -> Response {
+        let error = ApiError::from_poem(err, self.token_sent, self.allow);
+        if let ApiError::Unauthorized(failure) = error {
+            metrics.auth_failed(failure.as_str());
+        }
+        error.as_response()
     }
 }
 

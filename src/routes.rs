@@ -33,6 +33,11 @@ pub fn template(path: &str) -> &'static str {
     }
 }
 
+/// Whether a route is one that orchestrators and scrapers poll.
+pub fn is_probe(route: &str) -> bool {
+    matches!(route, "/healthz" | "/readyz" | "/metrics")
+}
+
 /// The request's URI with every path segment that does not percent-decode to UTF-8
 /// replaced by its lossy decoding, encoded again; `None` when every segment decodes.
 /// poem's router answers such a path with a bare 400 before any route, and so before

@@ -8,9 +8,10 @@ use poem::{
     Server,
     listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
 };
+use tokio::sync::watch;
 
 use crate::{
-    app,
+    app::{self, HttpOptions},
     config::Config,
     connections::{CappedAcceptor, ClientLimits},
     jwt::JwtVerifier,
@@ -25,6 +26,9 @@ use crate::{
 pub struct Application {
     acceptor: TcpAcceptor,
     address: SocketAddr,
+    /// `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints' own listener, when set.
+    admin: Option<(TcpAcceptor, SocketAddr)>,
+    http: HttpOptions,
     state: AppState,
     initial_token: Option<String>,
     shutdown_grace: Duration,
@@ -34,15 +38,11 @@ pub struct Application {
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Self> {
         let store = open_store(config).await?;
-        let acceptor = TcpListener::bind(config.serve.listen)
-            .into_acceptor()
-            .await
-            .with_context(|| format!("cannot listen on {}", config.serve.listen))?;
-        let address = acceptor
-            .local_addr()
-            .first()
-            .and_then(|addr| addr.as_socket_addr().copied())
-            .context("the listener has no socket address")?;
+        let (acceptor, address) = bind(config.serve.listen).await?;
+        let admin = match config.serve.admin_listen.0 {
+            Some(admin) => Some(bind(admin).await?),
+            None => None,
+        };
         // Only once the port is ours: a start that fails to bind must not use up the one
         // chance to show the initial token.
         let initial_token = tokens::ensure_initial(store.as_ref())
@@ -60,6 +60,11 @@ impl Application {
         Ok(Self {
             acceptor,
             address,
+            http: HttpOptions {
+                cors: config.serve.cors_allowed_origins.clone(),
+                ops_on_admin_port: admin.is_some(),
+            },
+            admin,
             state,
             initial_token,
             shutdown_grace: config.serve.shutdown_grace,
@@ -76,27 +81,79 @@ impl Application {
         self.address
     }
 
+    /// The address of the ops endpoints' own listener, when `PLANTSTORE_ADMIN_LISTEN` is set.
+    pub fn admin_address(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|(_, address)| *address)
+    }
+
     /// The token made because the database had none, to be shown once.
     pub fn initial_token(&self) -> Option<&str> {
         self.initial_token.as_deref()
     }
 
     /// Serves until `shutdown` resolves, lets in-flight requests finish within the grace
-    /// period, then closes the database pool.
+    /// period, then closes the database pool. With an admin listener, both servers stop
+    /// together.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
+        let (stop, stopped) = watch::channel(false);
+        let when_stopped = || {
+            let mut stopped = stopped.clone();
+            async move {
+                // An error means the sender is gone, which also means stop.
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }
+        };
         let acceptor = CappedAcceptor::new(self.acceptor, self.client_limits);
-        let served = Server::new_with_acceptor(acceptor)
-            .run_with_graceful_shutdown(app::build(self.state), shutdown, Some(self.shutdown_grace))
-            .await;
+        let public = Server::new_with_acceptor(acceptor).run_with_graceful_shutdown(
+            app::build(self.state.clone(), &self.http),
+            when_stopped(),
+            Some(self.shutdown_grace),
+        );
+        let admin = async {
+            let Some((acceptor, _)) = self.admin else {
+                return Ok(());
+            };
+            Server::new_with_acceptor(acceptor)
+                .run_with_graceful_shutdown(
+                    app::build_admin(self.state),
+                    when_stopped(),
+                    Some(self.shutdown_grace),
+                )
+                .await
+        };
+        let servers = async { tokio::try_join!(public, admin).map(drop) };
+        tokio::pin!(servers);
+        let served = tokio::select! {
+            // Only a listener that failed ends a server before the signal.
+            served = &mut servers => served,
+            () = shutdown => {
+                let _ = stop.send(true);
+                servers.await
+            }
+        };
         upkeep.abort();
         store.close().await;
         served
     }
+}
+
+/// Binds `address`; the address actually bound comes back (port 0 becomes a real port).
+async fn bind(address: SocketAddr) -> anyhow::Result<(TcpAcceptor, SocketAddr)> {
+    let acceptor = TcpListener::bind(address)
+        .into_acceptor()
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    let bound = acceptor
+        .local_addr()
+        .first()
+        .and_then(|addr| addr.as_socket_addr().copied())
+        .context("the listener has no socket address")?;
+    Ok((acceptor, bound))
 }
 
 /// Connects to the configured database and makes sure its schema is usable: migrated when

@@ -52,7 +52,7 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
             .expect("a token");
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let state = AppState::new(store, None, Duration::from_secs(5), metrics);
-        (app::build(state).boxed(), token)
+        (app::build(state, &app::HttpOptions::default()).boxed(), token)
     });
     Service {
         runtime,

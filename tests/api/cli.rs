@@ -111,7 +111,7 @@ fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 9] = [
+    let cases: [(&str, &str, &str, &str); 11] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -144,6 +144,18 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "PLANTSTORE_JWT_PUBLIC_KEY",
             "/no/such/key.pem",
             "cannot read PLANTSTORE_JWT_PUBLIC_KEY /no/such/key.pem",
+            "",
+        ),
+        (
+            "PLANTSTORE_CORS_ALLOWED_ORIGINS",
+            "https://shop.example,shop.example",
+            "'shop.example' is not an origin",
+            "",
+        ),
+        (
+            "PLANTSTORE_ADMIN_LISTEN",
+            "9090",
+            "such as 127.0.0.1:9090",
             "",
         ),
     ];
@@ -384,6 +396,64 @@ async fn json_logs_carry_the_request_id_and_never_a_token() {
         !log.contains(&wrong[wrong.len() - 40..]),
         "nor a presented one"
     );
+}
+
+/// `docker compose logs` would be mostly health checks otherwise: at `info`, probes leave
+/// no line while a DELETE does, and `/metrics` still counts the probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_counted_but_logged_only_at_debug() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let mut command = plantstore(dir.path(), &url);
+    command.env("RUST_LOG", "info");
+    let (mut child, _banner, base) = serve_with(command, dir.path());
+    let client = crate::helpers::http_client();
+
+    for path in ["/healthz", "/readyz", "/readyz"] {
+        let answer = client
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .expect("answer");
+        assert_eq!(answer.status(), StatusCode::OK, "{path}");
+    }
+    let missing = client
+        .delete(format!("{base}/plants/9"))
+        .send()
+        .await
+        .expect("answer");
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("answer")
+        .text()
+        .await
+        .expect("text");
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+
+    assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        metrics.contains(
+            r#"plantstore_http_requests_total{route="/readyz",method="GET",status="200"} 2"#
+        ),
+        "{metrics}"
+    );
+    let log = std::fs::read_to_string(dir.path().join("stderr.log")).expect("log");
+    let finished: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("request finished"))
+        .collect();
+    assert_eq!(finished.len(), 1, "{log}");
+    assert!(finished[0].contains("/plants/9"), "{log}");
 }
 
 #[test]

@@ -3,8 +3,9 @@
 
 use std::{future, time::Duration};
 
+pub use plantstore::config::AdminListen;
 use plantstore::{
-    config::{Config, LogFormat, RateLimit, ServeConfig},
+    config::{Config, CorsOrigins, LogFormat, RateLimit, ServeConfig},
     startup::Application,
 };
 use reqwest::{Response, StatusCode, header};
@@ -256,6 +257,8 @@ pub fn test_config(database_url: &str) -> Config {
             otlp_endpoint: None,
             jwt: Default::default(),
             idempotency_ttl: Duration::from_secs(24 * 3600),
+            cors_allowed_origins: CorsOrigins::Off,
+            admin_listen: AdminListen(None),
         },
     }
 }
@@ -263,6 +266,8 @@ pub fn test_config(database_url: &str) -> Config {
 /// The real app, served on a free port in this test's runtime.
 pub struct TestApp {
     pub address: String,
+    /// `http://` and the admin listener's address, when the settings name one.
+    pub admin_address: Option<String>,
     pub client: reqwest::Client,
     /// The `initial` token the first start printed.
     pub token: String,
@@ -283,9 +288,11 @@ pub async fn spawn_app_on(db: TestDb, tweak: impl FnOnce(&mut Config)) -> TestAp
         .expect("a fresh database gets an initial token")
         .to_owned();
     let address = format!("http://{}", app.address());
+    let admin_address = app.admin_address().map(|admin| format!("http://{admin}"));
     tokio::spawn(app.run_until_stopped(future::pending()));
     TestApp {
         address,
+        admin_address,
         client: http_client(),
         token,
         db,

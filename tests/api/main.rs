@@ -5,6 +5,7 @@ mod helpers;
 mod auth;
 mod cli;
 mod connections;
+mod cors;
 mod contract;
 mod delete;
 mod deletion_log;

@@ -64,6 +64,7 @@ async fn a_panic_is_a_500_error_without_internals() {
     let app = plantstore::app::with_middleware(
         poem::Route::new().at("/boom", poem::get(panicking)),
         std::sync::Arc::new(plantstore::metrics::Metrics::new().expect("metrics")),
+        plantstore::config::CorsOrigins::Off,
     );
     let acceptor =
         poem::listener::Listener::into_acceptor(poem::listener::TcpListener::bind("127.0.0.1:0"))
