@@ -54,8 +54,18 @@ pub fn init(
     format: LogFormat,
     otlp_endpoint: Option<&str>,
 ) -> Result<Telemetry, String> {
-    let filter = EnvFilter::try_new(filter)
+    let mut directives = EnvFilter::try_new(filter)
         .map_err(|err| format!("RUST_LOG is not a valid filter: {err}"))?;
+    // PostgreSQL's notices, such as "relation … already exists, skipping" from the
+    // migrations every start and every command runs, are no news at info; a filter that
+    // names sqlx itself decides.
+    if !filter.contains("sqlx") {
+        let quiet = "sqlx::postgres::notice=warn"
+            .parse()
+            .map_err(|err| format!("the notice filter: {err}"))?;
+        directives = directives.add_directive(quiet);
+    }
+    let filter = directives;
     let (writer, logs) = NonBlockingBuilder::default()
         .lossy(false)
         .thread_name("plantstore-log")

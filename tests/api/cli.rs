@@ -107,6 +107,30 @@ fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
     assert_eq!(stderr(&zero).lines().count(), 1, "{}", stderr(&zero));
 }
 
+/// Every command migrates first; on PostgreSQL that raises notices ("relation … already
+/// exists, skipping") that said nothing a user needs, on every `docker compose exec`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_on_postgres_print_no_migration_notices() {
+    let db = crate::helpers::TestDb::new(crate::helpers::Backend::Postgres).await;
+    let dir = tempfile::tempdir().expect("dir");
+    let first = run(dir.path(), &db.url, &["migrate"]);
+    let again = run(dir.path(), &db.url, &["seed", "--count", "2"]);
+
+    assert!(
+        first.status.success() && again.status.success(),
+        "{again:?}"
+    );
+    assert_eq!(
+        stdout(&again).trim(),
+        "added 2 missing demo plants with ids 1..=2"
+    );
+    assert_eq!(
+        stderr(&again),
+        "",
+        "nothing on stderr at the default RUST_LOG"
+    );
+}
+
 #[test]
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
