@@ -236,6 +236,19 @@ fn serve_with(mut command: Command, dir: &Path) -> (Child, Vec<String>, String) 
     (child, lines, base)
 }
 
+/// Sends SIGTERM, as `docker stop` and systemd do, and waits for the exit.
+async fn stop_with_sigterm(mut child: Child) -> std::process::ExitStatus {
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
     let dir = tempfile::tempdir().expect("dir");
@@ -353,7 +366,7 @@ async fn json_logs_carry_the_request_id_and_never_a_token() {
     command
         .env("RUST_LOG", "trace")
         .env("PLANTSTORE_LOG_FORMAT", "json");
-    let (mut child, banner, base) = serve_with(command, dir.path());
+    let (child, banner, base) = serve_with(command, dir.path());
     let token = banner
         .iter()
         .find(|l| l.starts_with("pst_"))
@@ -380,14 +393,7 @@ async fn json_logs_carry_the_request_id_and_never_a_token() {
         .send()
         .await
         .expect("answer");
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = stop_with_sigterm(child).await;
 
     assert_eq!(
         (answer.status(), refused.status()),
@@ -430,7 +436,7 @@ async fn probes_are_counted_but_logged_only_at_debug() {
     let url = sqlite_url(dir.path());
     let mut command = plantstore(dir.path(), &url);
     command.env("RUST_LOG", "info");
-    let (mut child, _banner, base) = serve_with(command, dir.path());
+    let (child, _banner, base) = serve_with(command, dir.path());
     let client = crate::helpers::http_client();
 
     for path in ["/healthz", "/readyz", "/readyz"] {
@@ -454,14 +460,7 @@ async fn probes_are_counted_but_logged_only_at_debug() {
         .text()
         .await
         .expect("text");
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .expect("join")
-        .expect("wait");
+    let status = stop_with_sigterm(child).await;
 
     assert_eq!(missing.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(status.code(), Some(0));

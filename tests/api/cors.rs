@@ -39,6 +39,13 @@ async fn preflight(app: &TestApp, origin: &str) -> Response {
         .expect("the server answers")
 }
 
+/// `DELETE /plants/1` with the app's token, as a page on `origin` sends it.
+fn delete_from(app: &TestApp, origin: &str) -> reqwest::RequestBuilder {
+    app.delete_request("1")
+        .bearer_auth(&app.token)
+        .header(header::ORIGIN, origin)
+}
+
 fn header_text(response: &Response, name: header::HeaderName) -> Option<&str> {
     response.headers().get(name).and_then(|v| v.to_str().ok())
 }
@@ -77,10 +84,7 @@ async fn an_allowed_origin_may_delete_and_read_the_answer(backend: Backend) {
     );
     assert!(app.db.plant_exists(1).await, "a preflight deletes nothing");
 
-    let deleted = app
-        .delete_request("1")
-        .bearer_auth(&app.token)
-        .header(header::ORIGIN, SHOP)
+    let deleted = delete_from(&app, SHOP)
         .header("Idempotency-Key", "from-the-shop")
         .send()
         .await
@@ -101,10 +105,7 @@ async fn an_allowed_origin_may_delete_and_read_the_answer(backend: Backend) {
     );
 
     // Errors carry the headers too, so the page can read their Error body.
-    let missing = app
-        .delete_request("1")
-        .bearer_auth(&app.token)
-        .header(header::ORIGIN, SHOP)
+    let missing = delete_from(&app, SHOP)
         .send()
         .await
         .expect("the server answers");
@@ -132,10 +133,7 @@ async fn another_origin_gets_no_cors_headers(backend: Backend) {
 
     // A request that names another origin (a server forwarding one, or the service's own
     // Swagger UI) is served as usual, without CORS headers.
-    let deleted = app
-        .delete_request("1")
-        .bearer_auth(&app.token)
-        .header(header::ORIGIN, "http://evil.localhost:3000")
+    let deleted = delete_from(&app, "http://evil.localhost:3000")
         .send()
         .await
         .expect("the server answers");
