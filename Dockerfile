@@ -29,9 +29,9 @@ ENV PLANTSTORE_LISTEN=0.0.0.0:8080 \
     DATABASE_URL=sqlite:///data/plantstore.db?mode=rwc
 EXPOSE 8080
 VOLUME ["/data"]
-# bash's /dev/tcp: the image needs no curl for its own health check. With
-# PLANTSTORE_ADMIN_LISTEN set, /readyz moves there; docker-compose.yml checks that port.
+# bash's /dev/tcp: the image needs no curl for its own health check. It probes the port
+# /readyz is served on: PLANTSTORE_ADMIN_LISTEN's when set, else PLANTSTORE_LISTEN's.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=10s --retries=3 \
-  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
+  CMD ["bash", "-c", "addr=${PLANTSTORE_ADMIN_LISTEN:-$PLANTSTORE_LISTEN} && exec 3<>/dev/tcp/127.0.0.1/${addr##*:} && printf 'GET /readyz HTTP/1.0\\r\\n\\r\\n' >&3 && head -n1 <&3 | grep -q ' 200 '"]
 ENTRYPOINT ["plantstore"]
 CMD ["serve"]
