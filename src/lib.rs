@@ -1,24 +1,15 @@
 //! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
+//!
+//! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
+//! route table, the operation, the error map); `auth` (who is calling) and `telemetry`
+//! (logs, traces, metrics); `database` (the backend crates behind `plantstore_store`);
+//! `config` at the bottom. Public only what the binary, the tests and fuzz use.
 
-pub mod api;
-pub mod app;
 pub mod auth;
 pub mod cli;
 pub mod config;
-pub mod connections;
-pub mod cors;
-pub mod deletions;
-pub mod error;
-pub mod idempotency;
-pub mod jwt;
-pub mod metrics;
-pub mod middleware;
-pub mod ops;
-pub mod rate_limit;
-pub mod request_id;
-pub mod routes;
+pub mod database;
+pub mod http;
 pub mod startup;
 pub mod state;
-pub mod store;
 pub mod telemetry;
-pub mod tokens;

@@ -1,24 +1,18 @@
-//! Start and stop: open the database, prepare its schema, bind, serve, shut down gracefully.
+//! Start and stop: open the database, bind, serve, shut down gracefully.
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
-use plantstore_store::{Store, StoreSettings};
-use poem::{
-    Server,
-    listener::{Acceptor, Listener, TcpAcceptor, TcpListener},
-};
+use poem::listener::{Acceptor, Listener, TcpAcceptor, TcpListener};
 use tokio::sync::watch;
 
 use crate::{
-    app::{self, HttpOptions},
+    auth::{jwt::JwtVerifier, rate_limit::RateLimiter, tokens},
     config::Config,
-    connections::{CappedAcceptor, ClientLimits},
-    jwt::JwtVerifier,
-    metrics::Metrics,
-    rate_limit::RateLimiter,
+    database,
+    http::{self, ClientLimits, Documents, HttpOptions},
     state::AppState,
-    store, tokens,
+    telemetry::Metrics,
 };
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
@@ -37,7 +31,8 @@ pub struct Application {
 
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Self> {
-        let store = open_store(config).await?;
+        let documents = Documents::render().context("cannot render the OpenAPI document")?;
+        let store = database::open(config).await?;
         let (acceptor, address) = bind(config.serve.listen).await?;
         let admin = match config.serve.admin_listen.0 {
             Some(admin) => Some(bind(admin).await?),
@@ -61,6 +56,7 @@ impl Application {
             acceptor,
             address,
             http: HttpOptions {
+                documents,
                 cors: config.serve.cors_allowed_origins.clone(),
                 ops_on_admin_port: admin.is_some(),
             },
@@ -108,23 +104,19 @@ impl Application {
                 let _ = stopped.wait_for(|stop| *stop).await;
             }
         };
-        let acceptor = CappedAcceptor::new(self.acceptor, self.client_limits);
-        let public = Server::new_with_acceptor(acceptor).run_with_graceful_shutdown(
-            app::build(self.state.clone(), &self.http),
+        let public = http::serve(
+            self.acceptor,
+            self.client_limits,
+            self.state.clone(),
+            &self.http,
             when_stopped(),
-            Some(self.shutdown_grace),
+            self.shutdown_grace,
         );
         let admin = async {
             let Some((acceptor, _)) = self.admin else {
                 return Ok(());
             };
-            Server::new_with_acceptor(acceptor)
-                .run_with_graceful_shutdown(
-                    app::build_admin(self.state),
-                    when_stopped(),
-                    Some(self.shutdown_grace),
-                )
-                .await
+            http::serve_admin(acceptor, self.state, when_stopped(), self.shutdown_grace).await
         };
         let servers = async { tokio::try_join!(public, admin).map(drop) };
         tokio::pin!(servers);
@@ -154,33 +146,6 @@ async fn bind(address: SocketAddr) -> anyhow::Result<(TcpAcceptor, SocketAddr)> 
         .and_then(|addr| addr.as_socket_addr().copied())
         .context("the listener has no socket address")?;
     Ok((acceptor, bound))
-}
-
-/// Connects to the configured database and makes sure its schema is usable: migrated when
-/// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
-/// migrations leave alone may have an `id` the service cannot delete by).
-pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
-    let settings = StoreSettings {
-        max_connections: config.db_max_connections,
-        acquire_timeout: config.db_acquire_timeout,
-        idempotency_ttl: config.serve.idempotency_ttl,
-    };
-    let store = store::connect(&config.database_url, settings)
-        .await
-        .with_context(|| format!("cannot open the database at {}", config.database_url))?;
-    if config.migrate {
-        store.migrate().await.context("cannot apply migrations")?;
-        store
-            .check_schema()
-            .await
-            .context("the database cannot be served")?;
-    } else {
-        store
-            .check_schema()
-            .await
-            .context("PLANTSTORE_MIGRATE=false and the schema is not ready")?;
-    }
-    Ok(store)
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

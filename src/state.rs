@@ -4,7 +4,10 @@ use std::{sync::Arc, time::Duration};
 
 use plantstore_store::Store;
 
-use crate::{jwt::JwtVerifier, metrics::Metrics, rate_limit::RateLimiter, tokens::TokenCache};
+use crate::{
+    auth::{TokenCache, jwt::JwtVerifier, rate_limit::RateLimiter},
+    telemetry::Metrics,
+};
 
 #[derive(Clone)]
 pub struct AppState {

@@ -13,7 +13,13 @@ use std::{
 use clap::Parser;
 use libfuzzer_sys::fuzz_target;
 use plantstore::{
-    app, cli::Cli, idempotency, metrics::Metrics, startup, state::AppState, tokens,
+    auth::tokens,
+    cli::Cli,
+    config::CorsOrigins,
+    database,
+    http::{self, Documents, HttpOptions, idempotency_key},
+    state::AppState,
+    telemetry::Metrics,
 };
 use poem::{
     Endpoint, EndpointExt, Request, Response,
@@ -43,7 +49,7 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
     let url = format!("sqlite://{dir}/fuzz.db?mode=rwc");
     let cli = Cli::try_parse_from(["plantstore", "--database-url", &url]).expect("settings");
     let (app, token) = runtime.block_on(async {
-        let store = startup::open_store(&cli.config)
+        let store = database::open(&cli.config)
             .await
             .expect("the store opens");
         store.seed_plants(SEEDED).await.expect("seed");
@@ -52,7 +58,12 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
             .expect("a token");
         let metrics = Arc::new(Metrics::new().expect("metrics"));
         let state = AppState::new(store, None, Duration::from_secs(5), metrics);
-        (app::build(state, &app::HttpOptions::default()).boxed(), token)
+        let options = HttpOptions {
+            documents: Documents::render().expect("the document renders"),
+            cors: CorsOrigins::Off,
+            ops_on_admin_port: false,
+        };
+        (http::build(state, &options).boxed(), token)
     });
     Service {
         runtime,
@@ -102,12 +113,12 @@ fuzz_target!(|input: Input| {
         request = request.header("x-request-id", id.as_slice());
     }
     if let Some(key) = &input.idempotency_key {
-        request = request.header(idempotency::HEADER, key.as_slice());
+        request = request.header(idempotency_key::HEADER, key.as_slice());
     }
     let request = request.finish();
     let sent_key = request
         .headers()
-        .get(idempotency::HEADER)
+        .get(idempotency_key::HEADER)
         .map(|v| v.as_bytes().to_vec());
     if input.idempotency_key.is_some() && sent_key.is_none() {
         return;
@@ -116,7 +127,7 @@ fuzz_target!(|input: Input| {
     let key = sent_key.map(|raw| {
         std::str::from_utf8(&raw)
             .ok()
-            .and_then(|text| idempotency::parse(text).ok())
+            .and_then(|text| idempotency_key::parse(text).ok())
             .map(|key| key.to_string())
             .ok_or(())
     });

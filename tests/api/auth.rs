@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use plantstore::{startup, tokens};
+use plantstore::{auth::tokens, database};
 use reqwest::{StatusCode, header};
 
 use crate::{
@@ -158,7 +158,7 @@ async fn a_token_over_the_rate_limit_gets_429(backend: Backend) {
 
 /// The store as the CLI opens it, on the app's database.
 async fn open_store(app: &TestApp) -> std::sync::Arc<dyn plantstore_store::Store> {
-    startup::open_store(&test_config(&app.db.url))
+    database::open(&test_config(&app.db.url))
         .await
         .expect("store opens")
 }

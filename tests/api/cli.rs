@@ -10,6 +10,8 @@ use std::{
 use reqwest::StatusCode;
 use sqlx::{Executor, SqlitePool};
 
+use crate::fixtures::otlp::{Received, otlp_receiver};
+
 fn plantstore(dir: &Path, database_url: &str) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_plantstore"));
     // A clean environment in an empty folder: no stray DATABASE_URL, no .env.
@@ -648,49 +650,4 @@ async fn a_delete_s_spans_are_exported_over_otlp_in_the_caller_s_trace() {
     assert!(has(b"otlp-test-1"), "the request id");
     assert!(has(b"delete_plant"), "the handler's span");
     assert!(has(b"delete_batch"), "the store's commit span");
-}
-
-/// Each OTLP POST received: its path and protobuf body.
-type Received = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
-
-/// A minimal OTLP/HTTP receiver: keeps each POST's path and protobuf body, answers 200.
-async fn otlp_receiver(mut stream: tokio::net::TcpStream, bodies: Received) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buffer = Vec::new();
-    loop {
-        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
-            let mut chunk = [0u8; 8192];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
-            continue;
-        };
-        let head = String::from_utf8_lossy(&buffer[..end]).to_string();
-        let path = head.split(' ').nth(1).unwrap_or_default().to_owned();
-        let length: usize = head
-            .lines()
-            .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
-                    .map(|v| v.trim().to_owned())
-            })
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
-        while buffer.len() < end + 4 + length {
-            let mut chunk = [0u8; 8192];
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            }
-        }
-        let body = buffer[end + 4..end + 4 + length].to_vec();
-        buffer.drain(..end + 4 + length);
-        bodies.lock().expect("not poisoned").push((path, body));
-        let reply =
-            b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-        if stream.write_all(reply).await.is_err() {
-            return;
-        }
-    }
 }

@@ -128,7 +128,7 @@ async fn with_migrate_off_an_existing_schema_is_used_as_it_is(backend: Backend) 
     let db = TestDb::new(backend).await;
     db.execute(OWNER_SCHEMA).await;
     // The service's own tables come from one `plantstore migrate`, as the README says.
-    plantstore::startup::open_store(&test_config(&db.url))
+    plantstore::database::open(&test_config(&db.url))
         .await
         .expect("migrate")
         .close()

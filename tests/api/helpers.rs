@@ -338,10 +338,10 @@ impl TestApp {
 
     /// A new token named `name`, made as `plantstore token create` makes it.
     pub async fn new_token(&self, name: &str) -> String {
-        let store = plantstore::startup::open_store(&test_config(&self.db.url))
+        let store = plantstore::database::open(&test_config(&self.db.url))
             .await
             .expect("the store opens");
-        let token = plantstore::tokens::create(store.as_ref(), name, None)
+        let token = plantstore::auth::tokens::create(store.as_ref(), name, None)
             .await
             .expect("a token");
         store.close().await;

@@ -5,10 +5,6 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
-    },
 };
 
 use base64::Engine;
@@ -17,6 +13,7 @@ use reqwest::{StatusCode, header};
 use serde_json::{Value, json};
 
 use crate::{
+    fixtures::jwks::JwksServer,
     helpers::{Backend, TestApp, TestDb, assert_error, spawn_app_on},
     on_both_backends,
 };
@@ -334,66 +331,4 @@ async fn jwks_keys_rotate_without_a_restart_and_survive_an_outage() {
     assert_invalid_token(&app, &unknown, "unknown key id").await;
     assert_eq!(jwks.fetches(), 2, "no fetch within 10 s of the last");
     assert_eq!(app.db.deletions(2).await[0].0, "jwt:erin");
-}
-
-/// Serves a JWKS document on a free port; counts the fetches and can go down.
-struct JwksServer {
-    url: String,
-    document: Arc<Mutex<String>>,
-    fetches: Arc<AtomicUsize>,
-    down: Arc<AtomicBool>,
-}
-
-impl JwksServer {
-    async fn start(document: Value) -> Self {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let url = format!(
-            "http://{}/jwks.json",
-            listener.local_addr().expect("address")
-        );
-        let server = Self {
-            url,
-            document: Arc::new(Mutex::new(document.to_string())),
-            fetches: Arc::default(),
-            down: Arc::default(),
-        };
-        let (document, fetches, down) = (
-            Arc::clone(&server.document),
-            Arc::clone(&server.fetches),
-            Arc::clone(&server.down),
-        );
-        tokio::spawn(async move {
-            while let Ok((mut stream, _)) = listener.accept().await {
-                let mut request = [0u8; 4096];
-                let _ = stream.read(&mut request).await;
-                let reply = if down.load(Ordering::SeqCst) {
-                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
-                } else {
-                    fetches.fetch_add(1, Ordering::SeqCst);
-                    let body = document.lock().expect("not poisoned").clone();
-                    format!(
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                };
-                let _ = stream.write_all(reply.as_bytes()).await;
-            }
-        });
-        server
-    }
-
-    fn serve(&self, document: Value) {
-        *self.document.lock().expect("not poisoned") = document.to_string();
-    }
-
-    fn down(&self) {
-        self.down.store(true, Ordering::SeqCst);
-    }
-
-    fn fetches(&self) -> usize {
-        self.fetches.load(Ordering::SeqCst)
-    }
 }

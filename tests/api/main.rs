@@ -1,5 +1,9 @@
 //! One integration-test binary: the real server against real SQLite files and PostgreSQL.
 
+// A test binary has no public API: its helpers are `pub` for its own modules.
+#![allow(unreachable_pub)]
+
+mod fixtures;
 mod helpers;
 
 mod auth;
@@ -14,6 +18,7 @@ mod group_commit;
 mod idempotency;
 mod image;
 mod jwt;
+mod layers;
 mod metrics;
 mod ops;
 mod outage;

@@ -1,15 +1,10 @@
 //! When the database cannot answer in time: 503 with `Retry-After`, nothing lost, and
 //! recovery once it answers again.
 
-use std::net::SocketAddr;
-
 use reqwest::{StatusCode, header};
-use tokio::{
-    net::{TcpListener, TcpStream},
-    task::{JoinHandle, JoinSet},
-};
 
 use crate::{
+    fixtures::{proxy::Proxy, tmpfs::Tmpfs},
     helpers::{Backend, DbPool, TestDb, assert_error, spawn_app_on},
     on_both_backends,
 };
@@ -147,56 +142,6 @@ async fn sqlite_a_full_disk_is_503_and_loses_nothing() {
         StatusCode::NOT_FOUND
     };
     assert_eq!(app.delete_id(kept).await.status(), expected);
-}
-
-/// A small tmpfs mounted over a test's folder, unmounted (lazily, as files may still be
-/// open) when dropped.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    fn mount(path: &std::path::Path, size: &str) -> Self {
-        let mounted = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(path)
-            .status()
-            .expect("run mount");
-        assert!(
-            mounted.success(),
-            "this test mounts a tmpfs: run it as root, as CI does"
-        );
-        Self(path.to_owned())
-    }
-
-    /// Writes a file until the filesystem is full; removing the file frees the space.
-    fn fill(&self) -> Filler {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut file = std::fs::File::create(&path).expect("filler file");
-        let chunk = vec![0u8; 4096];
-        while file
-            .write_all(&chunk)
-            .and_then(|()| file.sync_all())
-            .is_ok()
-        {}
-        Filler(path)
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-struct Filler(std::path::PathBuf);
-
-impl Drop for Filler {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// PostgreSQL: the server becomes unreachable (a proxy in between is cut), then returns.
@@ -372,48 +317,4 @@ async fn postgres_read_only_is_503_then_recovers() {
     app.db.terminate_service_sessions().await;
     recovers_to(StatusCode::OK, || app.get("/readyz")).await;
     recovers_to(StatusCode::NO_CONTENT, || app.delete("1")).await;
-}
-
-/// A TCP forwarder whose cut closes every connection and refuses new ones.
-struct Proxy {
-    address: SocketAddr,
-    task: JoinHandle<()>,
-}
-
-impl Proxy {
-    /// A proxy on a free port in front of the test database's server; also returns the
-    /// server's address, to start a proxy on the same port again later.
-    async fn in_front_of(db: &TestDb) -> (Self, String) {
-        let upstream = db
-            .url
-            .split_once('@')
-            .and_then(|(_, rest)| rest.split_once('/'))
-            .expect("host")
-            .0
-            .to_owned();
-        let proxy = Self::start("127.0.0.1:0".parse().expect("addr"), upstream.clone()).await;
-        (proxy, upstream)
-    }
-
-    async fn start(address: SocketAddr, upstream: String) -> Self {
-        let listener = TcpListener::bind(address).await.expect("bind the proxy");
-        let address = listener.local_addr().expect("proxy address");
-        let task = tokio::spawn(async move {
-            // Dropped with the task, which aborts every forwarded connection.
-            let mut connections = JoinSet::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let upstream = upstream.clone();
-                connections.spawn(async move {
-                    if let Ok(mut outbound) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                    }
-                });
-            }
-        });
-        Self { address, task }
-    }
-
-    fn cut(self) {
-        self.task.abort();
-    }
 }

@@ -61,9 +61,9 @@ fn panicking() -> &'static str {
 /// the very middleware the app uses.
 #[tokio::test]
 async fn a_panic_is_a_500_error_without_internals() {
-    let app = plantstore::app::with_middleware(
+    let app = plantstore::http::with_middleware(
         poem::Route::new().at("/boom", poem::get(panicking)),
-        std::sync::Arc::new(plantstore::metrics::Metrics::new().expect("metrics")),
+        std::sync::Arc::new(plantstore::telemetry::Metrics::new().expect("metrics")),
         plantstore::config::CorsOrigins::Off,
     );
     let acceptor =

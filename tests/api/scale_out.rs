@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use plantstore::{startup::Application, tokens};
+use plantstore::{auth::tokens, startup::Application};
 use reqwest::StatusCode;
 
 use crate::{
@@ -25,7 +25,7 @@ async fn a_token_revoked_is_refused_by_every_instance_within_a_second(backend: B
         addresses.push(format!("http://{}", other.address()));
         tokio::spawn(other.run_until_stopped(std::future::pending()));
     }
-    let store = plantstore::startup::open_store(&test_config(&first.db.url))
+    let store = plantstore::database::open(&test_config(&first.db.url))
         .await
         .expect("the store, as `plantstore token` opens it");
     let token = tokens::create(store.as_ref(), "fleet", None)

@@ -13,14 +13,14 @@ use plantstore_store::StoreError;
 /// Names are quoted as identifiers and as JSON keys (string literals); every value is a
 /// column or a bound parameter, never text in the statement.
 #[derive(Debug)]
-pub struct PlantColumns {
+pub(crate) struct PlantColumns {
     delete_sql: String,
 }
 
 impl PlantColumns {
     /// Reads the columns of `plants` (generated columns are not among them, and are not
     /// snapshot: SQLite computes them again).
-    pub async fn read(conn: &mut SqliteConnection) -> Result<Self, StoreError> {
+    pub(crate) async fn read(conn: &mut SqliteConnection) -> Result<Self, StoreError> {
         let names = table_columns(conn).await?;
         // A BLOB cannot be a JSON value: it is kept as {"blob": "<hex>"}, which no other
         // column value can look like (json_object writes TEXT as a JSON string). A REAL
@@ -51,7 +51,7 @@ impl PlantColumns {
 
     /// Deletes the plants whose ids are in the JSON array `ids`, returning each one's id
     /// and snapshot.
-    pub fn delete_returning_snapshots<'q>(
+    pub(crate) fn delete_returning_snapshots<'q>(
         &'q self,
         ids: &'q str,
     ) -> QueryAs<'q, Sqlite, (i64, String), SqliteArguments> {
@@ -60,18 +60,18 @@ impl PlantColumns {
 }
 
 /// The columns of `plants` now, in table order.
-pub async fn table_columns(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
+pub(crate) async fn table_columns(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
     sqlx::query_scalar!(
         r#"SELECT '' || name AS "name!: String" FROM pragma_table_info('plants') ORDER BY cid"#
     )
     .fetch_all(&mut *conn)
     .await
-    .map_err(crate::classify)
+    .map_err(crate::errors::classify)
 }
 
 /// Inserts the snapshot of log entry `entry` into `plants`, one column per name in
 /// `names` (which the snapshot has been checked to hold exactly).
-pub fn insert_from_snapshot(
+pub(crate) fn insert_from_snapshot(
     names: &[String],
     entry: i64,
 ) -> Query<'static, Sqlite, SqliteArguments> {

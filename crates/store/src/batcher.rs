@@ -8,10 +8,9 @@ use std::{
 };
 
 use async_trait::async_trait;
-use metrics::Histogram;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::{Deleted, Deletion, StoreError};
+use crate::{CommitObserver, Deleted, Deletion, StoreError};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
@@ -58,7 +57,7 @@ struct Job {
 pub struct Batcher {
     queue: mpsc::Sender<Job>,
     /// Where each batch's size is recorded, once the service asks (`Store::observe`).
-    sizes: Arc<OnceLock<Histogram>>,
+    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
 }
 
 impl fmt::Debug for Batcher {
@@ -88,8 +87,8 @@ impl Batcher {
         Self { queue, sizes }
     }
 
-    /// Records the size of every batch from now on in `sizes`.
-    pub fn observe(&self, sizes: Histogram) {
+    /// Tells `sizes` the size of every batch from now on.
+    pub fn observe(&self, sizes: Arc<dyn CommitObserver>) {
         let _ = self.sizes.set(sizes);
     }
 
@@ -128,7 +127,7 @@ async fn supervise(lane: Lane) {
 struct Lane {
     writer: Arc<dyn BatchWriter>,
     receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
-    sizes: Arc<OnceLock<Histogram>>,
+    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
 }
 
 async fn run_lane(
@@ -157,7 +156,7 @@ async fn run_lane(
 async fn commit(
     writer: &Arc<dyn BatchWriter>,
     jobs: impl Iterator<Item = Job>,
-    sizes: Option<&Histogram>,
+    sizes: Option<&Arc<dyn CommitObserver>>,
 ) {
     let mut deletions: Vec<Deletion> = Vec::new();
     let mut replies = Vec::new();
@@ -189,11 +188,12 @@ async fn commit(
     }
     tracing::Span::current().record("size", deletions.len());
     if let Some(sizes) = sizes {
-        sizes.record(deletions.len() as f64);
+        sizes.batch_committed(deletions.len());
     }
 
-    match writer.delete_batch(&deletions).await {
-        Ok(outcomes) if outcomes.len() == deletions.len() => {
+    let outcomes = writer.delete_batch(&deletions).await;
+    match outcomes.and_then(|outcomes| one_each(deletions.len(), outcomes)) {
+        Ok(outcomes) => {
             for (index, job) in repeats {
                 match repeat_outcome(&deletions[index], outcomes[index], &job.deletion) {
                     Some(outcome) => {
@@ -211,14 +211,6 @@ async fn commit(
                 }
             }
         }
-        Ok(outcomes) => {
-            tracing::error!(
-                expected = deletions.len(),
-                got = outcomes.len(),
-                "a backend answered a batch with the wrong number of outcomes"
-            );
-            fail_all(replies, repeats, &StoreError::Stopped);
-        }
         // Which row is still referenced is not knowable from the error without reading its
         // text: every deletion of the batch is tried again alone, and only that row fails.
         Err(StoreError::Referenced) if deletions.len() > 1 => {
@@ -231,6 +223,28 @@ async fn commit(
         }
         Err(err) => fail_all(replies, repeats, &err),
     }
+}
+
+/// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
+/// broken promise and an error for the whole batch, never a guessed answer.
+fn one_each(size: usize, outcomes: Vec<Outcome>) -> Result<Vec<Outcome>, StoreError> {
+    if outcomes.len() == size {
+        return Ok(outcomes);
+    }
+    tracing::error!(
+        expected = size,
+        got = outcomes.len(),
+        "a backend answered a batch with the wrong number of outcomes"
+    );
+    Err(StoreError::Broken("one outcome per deletion of a batch"))
+}
+
+/// The outcome of a batch of one deletion, as `one_each` checks it.
+pub fn sole_outcome(outcomes: Vec<Outcome>) -> Result<Outcome, StoreError> {
+    let mut outcomes = one_each(1, outcomes)?.into_iter();
+    outcomes
+        .next()
+        .ok_or(StoreError::Broken("one outcome per deletion of a batch"))
 }
 
 /// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
@@ -278,5 +292,27 @@ fn fail_all(replies: Vec<Reply>, repeats: Vec<(usize, Job)>, err: &StoreError) {
     let repeated = repeats.into_iter().map(|(_, job)| job.reply);
     for reply in replies.into_iter().chain(repeated) {
         let _ = reply.send(Err(err.clone()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
+        assert!(matches!(
+            one_each(2, vec![Outcome::Deleted]),
+            Err(StoreError::Broken(_))
+        ));
+        assert!(matches!(sole_outcome(vec![]), Err(StoreError::Broken(_))));
+        assert!(matches!(
+            sole_outcome(vec![Outcome::NotFound, Outcome::Deleted]),
+            Err(StoreError::Broken(_))
+        ));
+        assert_eq!(
+            sole_outcome(vec![Outcome::NotFound]).ok(),
+            Some(Outcome::NotFound)
+        );
     }
 }

@@ -50,6 +50,11 @@ pub enum StoreError {
 
     #[error("database error: {0}")]
     Other(#[source] Arc<sqlx::Error>),
+
+    /// A backend broke a promise of this interface (such as one outcome per deletion of
+    /// a batch): a bug, answered as an error rather than with a guess.
+    #[error("a backend broke its promise: {0}")]
+    Broken(&'static str),
 }
 
 impl From<sqlx::migrate::MigrateError> for StoreError {

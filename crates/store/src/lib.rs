@@ -7,15 +7,17 @@ use chrono::{DateTime, Utc};
 
 mod batcher;
 mod error;
+mod findings;
+mod kept;
 mod log;
 
-pub use batcher::{BatchWriter, Batcher, Outcome};
+pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
 pub use error::StoreError;
+pub use findings::{Findings, keyed_outcome};
+pub use kept::KeptConnections;
 pub use log::{
     DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
 };
-/// The handle group-commit batch sizes are recorded in (the `metrics` crate's).
-pub use metrics::Histogram;
 
 /// A request to delete one plant, with what its audit row records: who asked, and in
 /// answer to which HTTP request. The store stamps the time when it commits.
@@ -118,11 +120,17 @@ pub trait Store: Send + Sync + Debug + 'static {
     /// The connection pool and the group-commit queue right now, for `/metrics`.
     fn stats(&self) -> StoreStats;
 
-    /// Records the size of every group-commit batch from now on in `batch_sizes`.
-    fn observe(&self, batch_sizes: Histogram);
+    /// Tells `observer` the size of every group-commit batch from now on.
+    fn observe(&self, observer: Arc<dyn CommitObserver>);
 
     /// Waits for in-flight work and closes every connection.
     async fn close(&self);
+}
+
+/// Told the size of each group commit as it goes out, for whatever keeps such figures
+/// (the service's `/metrics`); the store itself keeps none.
+pub trait CommitObserver: Send + Sync + 'static {
+    fn batch_committed(&self, size: usize);
 }
 
 /// A backend's connections and queue at one moment.

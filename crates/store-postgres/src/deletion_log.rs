@@ -1,0 +1,100 @@
+//! The deletion log: listing it, putting a deleted plant back, pruning old entries.
+
+use chrono::{DateTime, Utc};
+use plantstore_store::{DeletionFilter, DeletionRecord, EntryState, RestoreError, StoreError};
+use sqlx::{Acquire, postgres::PgPool};
+
+use crate::{connection::connection, errors::classify};
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn list(
+    pool: &PgPool,
+    filter: &DeletionFilter,
+) -> Result<Vec<DeletionRecord>, StoreError> {
+    sqlx::query_as!(
+        DeletionRecord,
+        r#"SELECT id, plant_id, token_name AS caller, request_id, idempotency_key,
+                      deleted_at, snapshot::TEXT AS snapshot, restored_at, restored_by
+               FROM plantstore_deletions
+               WHERE ($1::BIGINT IS NULL OR plant_id = $1)
+                 AND ($2::TEXT IS NULL OR token_name = $2)
+                 AND ($3::TIMESTAMPTZ IS NULL OR deleted_at >= $3)
+               ORDER BY id DESC LIMIT $4"#,
+        filter.plant_id,
+        filter.caller,
+        filter.since,
+        filter.limit,
+    )
+    .fetch_all(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, RestoreError> {
+    let mut conn = connection(pool).await?;
+    let mut tx = conn.begin().await.map_err(classify)?;
+    // FOR UPDATE: a second restore of the same entry waits, then sees it restored.
+    let found = sqlx::query_as!(
+            EntryState,
+            r#"SELECT plant_id, snapshot IS NOT NULL AS "has_snapshot!", restored_at, restored_by,
+                      EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!"
+               FROM plantstore_deletions AS log WHERE id = $1
+               FOR UPDATE"#,
+            entry
+        )
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(classify)?
+        .ok_or(RestoreError::NoSuchEntry(entry))?;
+    let plant_id = found.plant_id;
+    found.restorable()?;
+    let columns = sqlx::query!(
+        r#"SELECT ARRAY(SELECT attname::TEXT FROM pg_attribute
+                            WHERE attrelid = to_regclass('plants') AND attnum > 0
+                              AND NOT attisdropped AND attgenerated = ''
+                            ORDER BY attnum) AS "table!",
+                      ARRAY(SELECT jsonb_object_keys(snapshot)) AS "held!"
+               FROM plantstore_deletions WHERE id = $1"#,
+        entry
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(classify)?;
+    plantstore_store::column_changes(&columns.table, &columns.held)?;
+    // OVERRIDING SYSTEM VALUE: the plant gets its own id back even where `plants.id`
+    // is GENERATED ALWAYS AS IDENTITY.
+    sqlx::query!(
+        "INSERT INTO plants OVERRIDING SYSTEM VALUE
+             SELECT * FROM jsonb_populate_record(NULL::plants,
+                 (SELECT snapshot FROM plantstore_deletions WHERE id = $1))",
+        entry
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    sqlx::query!(
+        "UPDATE plantstore_deletions SET restored_at = now(), restored_by = $2 WHERE id = $1",
+        entry,
+        by
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    tx.commit()
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    Ok(plant_id)
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, StoreError> {
+    let done = sqlx::query!(
+        "DELETE FROM plantstore_deletions WHERE deleted_at < $1",
+        before
+    )
+    .execute(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,40 @@
+//! What the database holds of the tables the service needs, read from PostgreSQL's catalog.
+
+use plantstore_store::{SchemaFacts, StoreError, schema_verdict};
+use sqlx::postgres::PgPool;
+
+use crate::{connection::connection, errors::classify};
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn check(pool: &PgPool) -> Result<(), StoreError> {
+    // to_regclass resolves through search_path, as the service's own queries do. A
+    // unique index counts only on exactly (id) and without a WHERE clause.
+    let found = sqlx::query!(
+            r#"WITH id AS (
+                   SELECT attnum, atttypid, format_type(atttypid, atttypmod) AS type_name
+                   FROM pg_attribute
+                   WHERE attrelid = to_regclass('plants') AND attname = 'id' AND NOT attisdropped
+               )
+               SELECT
+                   (SELECT type_name FROM id) AS "id_type?",
+                   COALESCE((SELECT atttypid IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype)
+                             FROM id), false) AS "id_is_integer!",
+                   EXISTS (SELECT 1 FROM pg_index i, id
+                           WHERE i.indrelid = to_regclass('plants') AND i.indisunique
+                             AND i.indnkeyatts = 1 AND i.indkey[0] = id.attnum
+                             AND i.indpred IS NULL) AS "id_is_unique!",
+                   (to_regclass('plantstore_tokens') IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_deletions')
+                                  AND attname = 'snapshot' AND NOT attisdropped)) AS "own_tables!""#
+        )
+        .fetch_one(&mut *connection(pool).await?)
+        .await
+        .map_err(classify)?;
+    schema_verdict(&SchemaFacts {
+        plants_id_type: found.id_type,
+        plants_id_is_integer: found.id_is_integer,
+        plants_id_is_unique: found.id_is_unique,
+        has_own_tables: found.own_tables,
+    })
+}

@@ -1,0 +1,180 @@
+//! The group commit on SQLite: one transaction on the writer per batch, the plants'
+//! snapshots and audit rows written with the delete.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use plantstore_store::{
+    BatchWriter, Deletion, Findings, Outcome, StoreError, before_now, sole_outcome,
+};
+use sqlx::{Connection, SqliteConnection};
+
+use crate::{errors::classify, snapshot::PlantColumns, writer::WriteConnection};
+
+/// Commits the batches on the writer connection: one transaction, two statements (three
+/// when a request carries an idempotency key).
+pub(crate) struct SqliteWriter {
+    connection: Arc<WriteConnection>,
+    idempotency_ttl: Duration,
+    /// The columns of `plants`, read at the first delete: what the snapshot statement is
+    /// built from.
+    columns: tokio::sync::OnceCell<PlantColumns>,
+}
+
+impl SqliteWriter {
+    pub(crate) fn new(connection: Arc<WriteConnection>, idempotency_ttl: Duration) -> Self {
+        Self {
+            connection,
+            idempotency_ttl,
+            columns: tokio::sync::OnceCell::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl BatchWriter for SqliteWriter {
+    #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
+        let mut writer = self.connection.lock().await?;
+        let conn = writer.conn()?;
+        let columns = self
+            .columns
+            .get_or_try_init(|| PlantColumns::read(&mut *conn))
+            .await?;
+        // The replay window of idempotency keys opens this long ago.
+        let since = before_now(self.idempotency_ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let committed = commit_batch(conn, columns, since, batch).await;
+        if committed.is_err() {
+            writer.discard().await;
+        }
+        committed
+    }
+
+    /// SQLite has no row locks to wait for: one deletion alone is a batch of one.
+    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError> {
+        sole_outcome(self.delete_batch(std::slice::from_ref(deletion)).await?)
+    }
+}
+
+/// One batch on the writer: which keys already deleted a plant, then the delete and the
+/// audit rows, in one transaction.
+async fn commit_batch(
+    conn: &mut SqliteConnection,
+    columns: &PlantColumns,
+    since: DateTime<Utc>,
+    batch: &[Deletion],
+) -> Result<Vec<Outcome>, StoreError> {
+    // IMMEDIATE takes the write lock up front: another process's writer makes this wait on
+    // the busy timeout instead of failing to upgrade a read lock. Holding it, the keys
+    // read below cannot be used by another writer before this commit.
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+    let earlier = earlier_deletions(&mut tx, since, batch).await?;
+    let ids = to_json(
+        &batch
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !earlier.contains_key(index))
+            .map(|(_, d)| d.plant_id)
+            .collect::<Vec<_>>(),
+    )?;
+    let deleted: HashMap<i64, String> = columns
+        .delete_returning_snapshots(&ids)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(classify)?
+        .into_iter()
+        .collect();
+    let outcomes = Findings {
+        deleted: deleted.keys().copied().collect(),
+        // SQLite has no row locks: nothing is held by another session.
+        present: HashSet::new(),
+        earlier,
+    }
+    .outcomes(batch);
+    if !deleted.is_empty() {
+        let audit: Vec<AuditRow<'_>> = batch
+            .iter()
+            .zip(&outcomes)
+            .filter(|(_, outcome)| **outcome == Outcome::Deleted)
+            .map(|(d, _)| {
+                (
+                    d.plant_id,
+                    d.caller.as_ref(),
+                    d.request_id.as_str(),
+                    d.idempotency_key.as_deref(),
+                    deleted.get(&d.plant_id),
+                )
+            })
+            .collect();
+        let audit = to_json(&audit)?;
+        let now = Utc::now();
+        sqlx::query!(
+            "INSERT INTO plantstore_deletions
+                 (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+             SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?
+             FROM json_each(?)",
+            now,
+            audit,
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(classify)?;
+    }
+    // Deferred foreign keys are checked here; `classify` still reports them by kind.
+    tx.commit().await.map_err(classify)?;
+    Ok(outcomes)
+}
+
+/// For each deletion of `batch` whose caller used its idempotency key since `since`: its
+/// position, and the plant that key deleted. No statement when no deletion has a key.
+async fn earlier_deletions(
+    conn: &mut SqliteConnection,
+    since: DateTime<Utc>,
+    batch: &[Deletion],
+) -> Result<HashMap<usize, i64>, StoreError> {
+    let keyed: Vec<(usize, &str, &str)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(index, d)| {
+            let key = d.idempotency_key.as_deref()?;
+            Some((index, d.caller.as_ref(), key))
+        })
+        .collect();
+    if keyed.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let keyed = to_json(&keyed)?;
+    let found = sqlx::query!(
+        r#"SELECT b.value ->> 0 AS "index!: i64", MAX(d.id) AS "entry!: i64", d.plant_id AS "plant_id!: i64"
+           FROM json_each(?) AS b
+           JOIN plantstore_deletions AS d
+             ON d.token_name = b.value ->> 1 AND d.idempotency_key = b.value ->> 2
+           WHERE d.deleted_at > ?
+           GROUP BY b.value ->> 0"#,
+        keyed,
+        since,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(found
+        .into_iter()
+        .filter_map(|row| Some((usize::try_from(row.index).ok()?, row.plant_id)))
+        .collect())
+}
+
+/// One audit row as the insert reads it from JSON: plant id, caller, request id,
+/// idempotency key, snapshot.
+type AuditRow<'a> = (i64, &'a str, &'a str, Option<&'a str>, Option<&'a String>);
+
+/// Batches travel as JSON arrays: SQLite has no array parameters, and `json_each` keeps
+/// each statement a single checked query whatever the batch's size.
+fn to_json(value: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(value)
+        .map_err(|err| StoreError::Other(Arc::new(sqlx::Error::Encode(err.into()))))
+}

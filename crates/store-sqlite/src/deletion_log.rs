@@ -1,0 +1,118 @@
+//! The deletion log: listing it, putting a deleted plant back, pruning old entries.
+
+use chrono::{DateTime, Utc};
+use plantstore_store::{DeletionFilter, DeletionRecord, EntryState, RestoreError, StoreError};
+use sqlx::{Connection, SqliteConnection, SqlitePool};
+
+use crate::{errors::classify, snapshot, writer::WriteConnection};
+
+#[tracing::instrument(skip(readers))]
+pub(crate) async fn list(
+    readers: &SqlitePool,
+    filter: &DeletionFilter,
+) -> Result<Vec<DeletionRecord>, StoreError> {
+    let since = filter.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
+    sqlx::query_as!(
+        DeletionRecord,
+        r#"SELECT id AS "id!: i64", plant_id AS "plant_id!: i64", token_name AS caller,
+                      request_id, idempotency_key, deleted_at AS "deleted_at!: DateTime<Utc>",
+                      snapshot, restored_at AS "restored_at?: DateTime<Utc>", restored_by
+               FROM plantstore_deletions
+               WHERE (? IS NULL OR plant_id = ?) AND (? IS NULL OR token_name = ?)
+                 AND deleted_at >= ?
+               ORDER BY id DESC LIMIT ?"#,
+        filter.plant_id,
+        filter.plant_id,
+        filter.caller,
+        filter.caller,
+        since,
+        filter.limit,
+    )
+    .fetch_all(readers)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn restore(
+    writer: &WriteConnection,
+    entry: i64,
+    by: &str,
+) -> Result<i64, RestoreError> {
+    let mut writer = writer.lock().await?;
+    let restored = restore_entry(writer.conn()?, entry, by).await;
+    if let Err(RestoreError::Store(_)) = restored {
+        writer.discard().await;
+    }
+    restored
+}
+
+/// Puts the snapshot of log entry `entry` back into `plants` and marks the entry
+/// restored, in one transaction on the writer; every refusal leaves both as they were.
+async fn restore_entry(
+    conn: &mut SqliteConnection,
+    entry: i64,
+    by: &str,
+) -> Result<i64, RestoreError> {
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(classify)?;
+    let found = sqlx::query_as!(
+        EntryState,
+        r#"SELECT plant_id AS "plant_id!: i64", snapshot IS NOT NULL AS "has_snapshot!: bool",
+                  restored_at AS "restored_at?: DateTime<Utc>", restored_by,
+                  EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!: bool"
+           FROM plantstore_deletions AS log WHERE id = ?"#,
+        entry
+    )
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(classify)?
+    .ok_or(RestoreError::NoSuchEntry(entry))?;
+    let plant_id = found.plant_id;
+    found.restorable()?;
+    let table = snapshot::table_columns(&mut tx).await?;
+    // Read by SQLite, not serde_json: SQLite writes an infinite REAL as 9e999, which
+    // serde_json refuses as out of range.
+    let held = sqlx::query_scalar!(
+        r#"SELECT '' || entry.key AS "key!: String"
+           FROM plantstore_deletions AS log, json_each(log.snapshot) AS entry
+           WHERE log.id = ?"#,
+        entry
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(classify)?;
+    plantstore_store::column_changes(&table, &held)?;
+    snapshot::insert_from_snapshot(&table, entry)
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    let now = Utc::now();
+    sqlx::query!(
+        "UPDATE plantstore_deletions SET restored_at = ?, restored_by = ? WHERE id = ?",
+        now,
+        by,
+        entry
+    )
+    .execute(&mut *tx)
+    .await
+    .map_err(classify)?;
+    tx.commit()
+        .await
+        .map_err(|err| RestoreError::from_insert(classify(err)))?;
+    Ok(plant_id)
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn prune(
+    writer: &WriteConnection,
+    before: DateTime<Utc>,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query!(
+        "DELETE FROM plantstore_deletions WHERE deleted_at < ?",
+        before
+    )
+    .execute(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,34 @@
+//! Which SQLite failures are worth a retry: driver errors sorted by kind and result code,
+//! never by message text.
+
+use plantstore_store::StoreError;
+
+/// SQLite result codes (low byte of the extended code) after which the same request may
+/// well succeed later: busy or locked by another connection, the file read-only or
+/// unreadable now, a disk I/O error, the disk full, the file not openable.
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_READONLY: i32 = 8;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+
+pub(crate) fn classify(err: sqlx::Error) -> StoreError {
+    StoreError::classify(err, |db| {
+        let primary = db
+            .code()
+            .and_then(|code| code.parse::<i32>().ok())
+            .map(|code| code & 0xff);
+        matches!(
+            primary,
+            Some(
+                SQLITE_BUSY
+                    | SQLITE_LOCKED
+                    | SQLITE_READONLY
+                    | SQLITE_IOERR
+                    | SQLITE_FULL
+                    | SQLITE_CANTOPEN
+            )
+        )
+    })
+}

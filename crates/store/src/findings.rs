@@ -1,0 +1,89 @@
+//! What a backend's batch statement found, and the one reading of it into each
+//! deletion's outcome that every backend shares.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::{Deletion, Outcome};
+
+/// Facts about one batch, as a backend's statement reports them.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Plants the statement deleted (and audited).
+    pub deleted: HashSet<i64>,
+    /// Plants still there after the statement: another session holds them (PostgreSQL
+    /// skips locked rows), so they are retried alone. Always empty on SQLite.
+    pub present: HashSet<i64>,
+    /// Batch positions (from 0) whose caller's idempotency key already deleted a plant
+    /// within the replay window, and that plant.
+    pub earlier: HashMap<usize, i64>,
+}
+
+impl Findings {
+    /// Each deletion's outcome, in batch order.
+    pub fn outcomes(&self, batch: &[Deletion]) -> Vec<Outcome> {
+        batch
+            .iter()
+            .enumerate()
+            .map(|(index, deletion)| {
+                let earlier = self.earlier.get(&index).copied();
+                keyed_outcome(deletion, earlier).unwrap_or_else(|| {
+                    if self.deleted.contains(&deletion.plant_id) {
+                        Outcome::Deleted
+                    } else if self.present.contains(&deletion.plant_id) {
+                        Outcome::Held
+                    } else {
+                        Outcome::NotFound
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
+/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
+pub fn keyed_outcome(deletion: &Deletion, earlier: Option<i64>) -> Option<Outcome> {
+    earlier.map(|plant_id| {
+        if plant_id == deletion.plant_id {
+            Outcome::Replayed
+        } else {
+            Outcome::KeyReused(plant_id)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn deletion(plant_id: i64) -> Deletion {
+        Deletion {
+            plant_id,
+            caller: Arc::from("t"),
+            request_id: String::new(),
+            idempotency_key: None,
+        }
+    }
+
+    #[test]
+    fn each_deletion_reads_its_own_finding() {
+        let batch: Vec<Deletion> = (1..=5).map(deletion).collect();
+        let findings = Findings {
+            deleted: HashSet::from([1]),
+            present: HashSet::from([2]),
+            earlier: HashMap::from([(3, 4), (4, 9)]),
+        };
+        assert_eq!(
+            findings.outcomes(&batch),
+            [
+                Outcome::Deleted,
+                Outcome::Held,
+                Outcome::NotFound,
+                Outcome::Replayed,
+                Outcome::KeyReused(9),
+            ]
+        );
+    }
+}

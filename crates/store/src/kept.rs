@@ -1,0 +1,51 @@
+//! Connections a writer keeps between its batches instead of returning them to the pool:
+//! sqlx pings a connection on every return to its pool, one more round trip (PostgreSQL,
+//! strace) or thread hop (SQLite) per batch.
+
+use std::sync::{Mutex, PoisonError};
+
+/// The kept connections; `None` once the store closes, so none is kept after that.
+#[derive(Debug)]
+pub struct KeptConnections<C> {
+    kept: Mutex<Option<Vec<C>>>,
+}
+
+impl<C> Default for KeptConnections<C> {
+    fn default() -> Self {
+        Self {
+            kept: Mutex::new(Some(Vec::new())),
+        }
+    }
+}
+
+impl<C> KeptConnections<C> {
+    /// A kept connection, if there is one.
+    pub fn take(&self) -> Option<C> {
+        self.kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+            .and_then(Vec::pop)
+    }
+
+    /// Keeps a connection that just served a batch, unless the store is closing. A
+    /// connection a batch failed on is not kept: it goes back to the pool, which drops it
+    /// if it is broken.
+    pub fn keep(&self, conn: C) {
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = kept.as_mut() {
+            kept.push(conn);
+        }
+    }
+
+    /// Hands every kept connection back and keeps none from now on, so that closing the
+    /// pool does not wait for them.
+    pub fn release_all(&self) {
+        let released = self
+            .kept
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        drop(released);
+    }
+}

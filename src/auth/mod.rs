@@ -1,0 +1,51 @@
+//! Identity: who a bearer token stands for (the service's own tokens or an identity
+//! provider's JWTs), why one was refused, and how often each caller may come.
+
+pub mod jwt;
+pub mod rate_limit;
+mod token_cache;
+pub mod tokens;
+
+use std::sync::Arc;
+
+pub use token_cache::{Lookups, TokenCache};
+
+/// The caller a valid token stands for.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub token_name: Arc<str>,
+}
+
+/// Why a request was not authenticated: counted in `/metrics`, never told to the client
+/// beyond whether a token was sent at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    Missing,
+    Malformed,
+    Unknown,
+    WrongSecret,
+    Expired,
+    Revoked,
+    /// JWT: the signature does not verify, or another algorithm than the key's.
+    BadSignature,
+    /// JWT: `nbf` is still ahead.
+    NotYetValid,
+    /// JWT: wrong `iss` or `aud`, or no `sub` or `exp`.
+    WrongClaims,
+}
+
+impl AuthFailure {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "missing",
+            AuthFailure::Malformed => "malformed",
+            AuthFailure::Unknown => "unknown",
+            AuthFailure::WrongSecret => "wrong_secret",
+            AuthFailure::Expired => "expired",
+            AuthFailure::Revoked => "revoked",
+            AuthFailure::BadSignature => "bad_signature",
+            AuthFailure::NotYetValid => "not_yet_valid",
+            AuthFailure::WrongClaims => "wrong_claims",
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The deletion log's admin commands: `plantstore deletions list | restore | prune`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use chrono::{DateTime, SecondsFormat, Utc};
+use clap::Subcommand;
+use plantstore_store::{DeletionFilter, DeletionRecord, Store, before_now};
+use serde_json::value::RawValue;
+
+use crate::config::parse_duration;
+
+#[derive(Debug, Subcommand)]
+pub enum DeletionsCommand {
+    /// Show the deletion log, newest first: who deleted which plant when, with the
+    /// request id and the Idempotency-Key
+    List {
+        /// Only the deletions of this plant id
+        #[arg(long = "plant", value_name = "ID")]
+        plant_id: Option<i64>,
+        /// Only this caller's: a token name, or jwt:<subject>
+        #[arg(long, value_name = "NAME")]
+        caller: Option<String>,
+        /// Only those of the last DURATION, such as 2h or 7d
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        since: Option<Duration>,
+        /// At most this many entries
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..))]
+        limit: i64,
+        /// One JSON array instead of a table, with each deleted row's snapshot
+        #[arg(long)]
+        json: bool,
+    },
+    /// Put a deleted plant back from the log's snapshot of it, and mark the entry restored
+    Restore {
+        /// The log entry's id (the first column of `deletions list`)
+        deletion_id: i64,
+        /// Who restores it, kept in the log entry [default: the name of the user running
+        /// this command, looked up from its uid as `id -un` does]
+        #[arg(long, value_name = "NAME")]
+        by: Option<String>,
+    },
+    /// Remove log entries older than DURATION; their Idempotency-Keys stop replaying
+    Prune {
+        /// Such as 90d or 12h
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        older_than: Duration,
+    },
+}
+
+/// Runs one command against an open store; the caller closes it.
+pub(super) async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result<()> {
+    match command {
+        DeletionsCommand::List {
+            plant_id,
+            caller,
+            since,
+            limit,
+            json,
+        } => {
+            let filter = DeletionFilter {
+                plant_id,
+                caller,
+                since: since.map(ago).transpose()?,
+                limit,
+            };
+            let entries = store.list_deletions(&filter).await?;
+            if json {
+                println!("{}", as_json(&entries)?);
+            } else {
+                print_table(&entries);
+            }
+        }
+        DeletionsCommand::Restore { deletion_id, by } => {
+            let by = by.unwrap_or_else(current_user);
+            let by = by.trim();
+            if by.is_empty() || by.len() > 128 {
+                bail!("--by must name who restores, in 1 to 128 characters");
+            }
+            let plant_id = store
+                .restore_deletion(deletion_id, by)
+                .await
+                .with_context(|| format!("cannot restore deletion {deletion_id}"))?;
+            println!("restored plant {plant_id} from deletion {deletion_id}, by '{by}'");
+        }
+        DeletionsCommand::Prune { older_than } => {
+            let pruned = store.prune_deletions(ago(older_than)?).await?;
+            println!(
+                "pruned {pruned} deletion log entries older than {}",
+                humantime::format_duration(older_than)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The name of the user this process runs as, from its uid rather than `$USER`, which a
+/// container (`docker compose exec`) or a cron job may not set; `uid N` if it has no name.
+fn current_user() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => format!("uid {uid}"),
+    }
+}
+
+/// The moment `duration` before now.
+fn ago(duration: Duration) -> anyhow::Result<DateTime<Utc>> {
+    before_now(duration).context("the duration reaches back before any date the log can hold")
+}
+
+fn time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// One entry of `list --json`. The snapshot is written out as the database stored it:
+/// parsing it would round a NUMERIC of many digits to a double, and refuse the 9e999
+/// SQLite writes for an infinite REAL.
+#[derive(serde::Serialize)]
+struct JsonEntry<'a> {
+    id: i64,
+    plant_id: i64,
+    caller: &'a str,
+    request_id: &'a str,
+    idempotency_key: Option<&'a str>,
+    deleted_at: String,
+    snapshot: Option<Box<RawValue>>,
+    restored_at: Option<String>,
+    restored_by: Option<&'a str>,
+}
+
+fn as_json(entries: &[DeletionRecord]) -> serde_json::Result<String> {
+    let entries: Vec<JsonEntry<'_>> = entries
+        .iter()
+        .map(|entry| JsonEntry {
+            id: entry.id,
+            plant_id: entry.plant_id,
+            caller: &entry.caller,
+            request_id: &entry.request_id,
+            idempotency_key: entry.idempotency_key.as_deref(),
+            deleted_at: time(entry.deleted_at),
+            snapshot: entry.snapshot.as_deref().map(raw_json),
+            restored_at: entry.restored_at.map(time),
+            restored_by: entry.restored_by.as_deref(),
+        })
+        .collect();
+    serde_json::to_string(&entries)
+}
+
+/// `text` as JSON; should it not be JSON, as a JSON string of it.
+fn raw_json(text: &str) -> Box<RawValue> {
+    RawValue::from_string(text.to_owned())
+        .or_else(|_| serde_json::value::to_raw_value(text))
+        .unwrap_or_default()
+}
+
+fn print_table(entries: &[DeletionRecord]) {
+    println!(
+        "{:<8} {:<20} {:<12} {:<20} {:<36} {:<24} RESTORED",
+        "ID", "DELETED", "PLANT", "CALLER", "REQUEST ID", "IDEMPOTENCY KEY"
+    );
+    for entry in entries {
+        let restored = match (&entry.restored_at, &entry.restored_by) {
+            (Some(at), Some(by)) => format!("{} by {by}", time(*at)),
+            (Some(at), None) => time(*at),
+            _ if entry.snapshot.is_none() => "- (no snapshot)".to_owned(),
+            _ => "-".to_owned(),
+        };
+        println!(
+            "{:<8} {:<20} {:<12} {:<20} {:<36} {:<24} {restored}",
+            entry.id,
+            time(entry.deleted_at),
+            entry.plant_id,
+            entry.caller,
+            entry.request_id,
+            entry.idempotency_key.as_deref().unwrap_or("-"),
+        );
+    }
+}

@@ -1,0 +1,181 @@
+//! The `plantstore` command line: its commands and their dispatch; each command group
+//! does its work in a file of its own.
+
+mod deletions;
+mod serve;
+mod tokens;
+
+use std::io::Write;
+
+use clap::{
+    Args, CommandFactory, FromArgMatches, Parser, Subcommand, error::ErrorKind, parser::ValueSource,
+};
+
+use crate::{
+    config::{Config, ServeConfig},
+    database, http,
+};
+use deletions::DeletionsCommand;
+use tokens::TokenCommand;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "plantstore",
+    version,
+    about = "The Plant Store service and its admin commands"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub config: Config,
+
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the service (the default)
+    Serve(Box<ServeConfig>),
+    /// Apply migrations and exit
+    Migrate,
+    /// Print the OpenAPI document the service serves
+    Openapi {
+        /// json (as /openapi.json) or yaml (as /openapi.yaml)
+        #[arg(long, value_enum, default_value_t = DocumentFormat::Json)]
+        format: DocumentFormat,
+    },
+    /// Manage API tokens
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Read the deletion log, restore a deleted plant, prune old entries
+    #[command(subcommand)]
+    Deletions(DeletionsCommand),
+    /// Insert demo plants 1..=COUNT that are missing
+    Seed {
+        /// How many demo plants: ids 1 to COUNT
+        #[arg(long, value_parser = clap::value_parser!(i64).range(1..))]
+        count: i64,
+    },
+    /// Print a completion script for a shell, such as
+    /// `plantstore completions bash > /etc/bash_completion.d/plantstore`
+    Completions {
+        /// The shell to complete in
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DocumentFormat {
+    Json,
+    Yaml,
+}
+
+impl Cli {
+    /// Parses the command line. The server's own flags stand alone (`plantstore --listen
+    /// …`) or after `serve`; given before a command they would be ignored, so that is an
+    /// error here rather than a surprise later.
+    pub fn try_parse_args(
+        args: impl IntoIterator<Item = std::ffi::OsString>,
+    ) -> Result<Self, clap::Error> {
+        let mut command = Self::command();
+        let matches = command.try_get_matches_from_mut(args)?;
+        if let Some((name, _)) = matches.subcommand() {
+            let serve_only = ServeConfig::augment_args(clap::Command::new("serve"));
+            for arg in serve_only.get_arguments() {
+                if matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                    let flag = arg.get_long().unwrap_or_default();
+                    let message = if name == "serve" {
+                        format!("--{flag} goes after `serve`: plantstore serve --{flag} …")
+                    } else {
+                        format!("--{flag} is a setting of the server, not of `{name}`")
+                    };
+                    return Err(command.error(ErrorKind::ArgumentConflict, message));
+                }
+            }
+        }
+        Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+    }
+
+    /// Where spans go: only the server exports them.
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        let serve = match &self.command {
+            None => &self.config.serve,
+            Some(Command::Serve(serve)) => serve.as_ref(),
+            Some(_) => return None,
+        };
+        serve.otlp_endpoint.as_deref().filter(|url| !url.is_empty())
+    }
+
+    pub async fn run(self) -> anyhow::Result<()> {
+        let mut config = self.config;
+        let Some(command) = self.command else {
+            return serve::run(&config).await;
+        };
+        match command {
+            Command::Serve(serve_config) => {
+                config.serve = *serve_config;
+                serve::run(&config).await
+            }
+            Command::Migrate => {
+                let mut config = config;
+                config.migrate = true;
+                database::open(&config).await?.close().await;
+                println!("migrations applied");
+                Ok(())
+            }
+            Command::Openapi { format } => {
+                let document = http::document()?;
+                match format {
+                    DocumentFormat::Json => println!("{document:#}"),
+                    DocumentFormat::Yaml => print!("{}", http::yaml(&document)?),
+                }
+                Ok(())
+            }
+            Command::Token(command) => tokens::run(&config, command).await,
+            Command::Deletions(command) => {
+                let store = database::open(&config).await?;
+                let outcome = deletions::run(store.as_ref(), command).await;
+                store.close().await;
+                outcome
+            }
+            Command::Completions { shell } => {
+                // Into a buffer first: clap_complete panics on a failed write (`| head`).
+                let mut script = Vec::new();
+                clap_complete::generate(shell, &mut Cli::command(), "plantstore", &mut script);
+                std::io::stdout()
+                    .write_all(&script)
+                    .or_else(ignore_broken_pipe)?;
+                Ok(())
+            }
+            Command::Seed { count } => {
+                let store = database::open(&config).await?;
+                let added = store.seed_plants(count).await;
+                store.close().await;
+                println!("added {} missing demo plants with ids 1..={count}", added?);
+                Ok(())
+            }
+        }
+    }
+}
+
+fn ignore_broken_pipe(err: std::io::Error) -> std::io::Result<()> {
+    match err.kind() {
+        std::io::ErrorKind::BrokenPipe => Ok(()),
+        _ => Err(err),
+    }
+}
+
+/// An error and its causes on one line, each cause once (drivers often repeat theirs).
+pub fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line
+}

@@ -1,0 +1,46 @@
+//! Opens the database `DATABASE_URL` names: the backend picked once from its scheme, then
+//! the schema migrated or checked.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use plantstore_postgres::PostgresStore;
+use plantstore_sqlite::SqliteStore;
+use plantstore_store::{Store, StoreError, StoreSettings};
+
+use crate::config::{Backend, Config, DatabaseUrl};
+
+/// Connects to the configured database and makes sure its schema is usable: migrated when
+/// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
+/// migrations leave alone may have an `id` the service cannot delete by).
+pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    let settings = StoreSettings {
+        max_connections: config.db_max_connections,
+        acquire_timeout: config.db_acquire_timeout,
+        idempotency_ttl: config.serve.idempotency_ttl,
+    };
+    let store = connect(&config.database_url, settings)
+        .await
+        .with_context(|| format!("cannot open the database at {}", config.database_url))?;
+    if config.migrate {
+        store.migrate().await.context("cannot apply migrations")?;
+        store
+            .check_schema()
+            .await
+            .context("the database cannot be served")?;
+    } else {
+        store
+            .check_schema()
+            .await
+            .context("PLANTSTORE_MIGRATE=false and the schema is not ready")?;
+    }
+    Ok(store)
+}
+
+async fn connect(url: &DatabaseUrl, settings: StoreSettings) -> Result<Arc<dyn Store>, StoreError> {
+    let backend = url.backend().map_err(StoreError::Config)?;
+    Ok(match backend {
+        Backend::Sqlite => Arc::new(SqliteStore::connect(url.expose(), settings).await?),
+        Backend::Postgres => Arc::new(PostgresStore::connect(url.expose(), settings).await?),
+    })
+}

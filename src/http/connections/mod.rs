@@ -1,0 +1,264 @@
+//! Client connections: how many may be open at once (`PLANTSTORE_MAX_CONNECTIONS`), how
+//! long one may stay silent (`PLANTSTORE_IDLE_TIMEOUT`), how long a request head may take
+//! to arrive (`PLANTSTORE_HEADER_TIMEOUT`) and how large it may be.
+
+pub mod head;
+
+use std::{
+    future::Future,
+    io,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Duration,
+};
+
+use poem::{
+    error::ResponseError,
+    http::uri::Scheme,
+    listener::Acceptor,
+    web::{LocalAddr, RemoteAddr},
+};
+use tokio::{
+    io::{AsyncRead, AsyncWrite, ReadBuf},
+    sync::{OwnedSemaphorePermit, Semaphore},
+    time::{Instant, Sleep},
+};
+
+use super::{error::ApiError, request_id::RequestId};
+use head::{HeadScanner, Verdict};
+
+/// How long a refused client may go on sending before its connection is dropped: long
+/// enough for it to finish sending and read the answer (closing with its bytes unread
+/// would reset the connection and lose the answer), short enough to cost little.
+const LINGER: Duration = Duration::from_secs(2);
+
+/// The limits every client connection is held to.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientLimits {
+    pub max_open: usize,
+    pub idle_timeout: Duration,
+    pub header_timeout: Duration,
+}
+
+/// Accepts a connection only while fewer than the cap are open; past it, new ones wait in
+/// the kernel's backlog until one closes. Every connection it hands out is `Guarded`.
+pub(super) struct CappedAcceptor<A> {
+    inner: A,
+    slots: Arc<Semaphore>,
+    limits: ClientLimits,
+}
+
+impl<A> CappedAcceptor<A> {
+    pub(super) fn new(inner: A, limits: ClientLimits) -> Self {
+        Self {
+            inner,
+            slots: Arc::new(Semaphore::new(limits.max_open.max(1))),
+            limits,
+        }
+    }
+}
+
+impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
+    type Io = Guarded<A::Io>;
+
+    fn local_addr(&self) -> Vec<LocalAddr> {
+        self.inner.local_addr()
+    }
+
+    async fn accept(&mut self) -> io::Result<(Self::Io, LocalAddr, RemoteAddr, Scheme)> {
+        let slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(io::Error::other)?;
+        let (io, local, remote, scheme) = self.inner.accept().await?;
+        let guarded = Guarded {
+            io,
+            _slot: slot,
+            limits: self.limits,
+            silence: Box::pin(tokio::time::sleep(self.limits.idle_timeout)),
+            // The first head's clock runs from the connection's start.
+            head_clock: Some(Box::pin(tokio::time::sleep(self.limits.header_timeout))),
+            heads: HeadScanner::default(),
+            refusal: None,
+        };
+        Ok((guarded, local, remote, scheme))
+    }
+}
+
+/// A connection that gives its slot back when it closes; fails its read when the client
+/// has sent nothing for the idle timeout; and answers a request head that is too slow or
+/// too large itself, with the service's `Error` body, then closes. Done here, below HTTP,
+/// because poem's idle timeout waits forever for a head that stopped halfway, poem sets no
+/// header timeout on hyper, and hyper answers an oversized head with a bare status.
+pub(super) struct Guarded<T> {
+    io: T,
+    _slot: OwnedSemaphorePermit,
+    limits: ClientLimits,
+    silence: Pin<Box<Sleep>>,
+    /// Runs while a head is awaited or arriving; `None` between requests.
+    head_clock: Option<Pin<Box<Sleep>>>,
+    heads: HeadScanner,
+    refusal: Option<Refusal>,
+}
+
+/// An answer being written to a refused client, then its remaining bytes read and dropped
+/// for up to `LINGER`, then end of stream for hyper.
+struct Refusal {
+    answer: Vec<u8>,
+    written: usize,
+    shut: bool,
+    linger: Pin<Box<Sleep>>,
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
+    fn refuse(&mut self, error: ApiError) {
+        let request_id = RequestId::generate();
+        tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
+        self.refusal = Some(Refusal {
+            answer: error.to_http1(&request_id),
+            written: 0,
+            shut: false,
+            linger: Box::pin(tokio::time::sleep(LINGER)),
+        });
+    }
+
+    /// Writes the refusal, then drains the client until it stops or `LINGER` passes;
+    /// `Ready(Ok)` with nothing read is the end of stream hyper then sees.
+    fn poll_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let Some(refusal) = self.refusal.as_mut() else {
+            return Poll::Ready(Ok(()));
+        };
+        let io = &mut self.io;
+        while refusal.written < refusal.answer.len() {
+            let n = ready!(Pin::new(&mut *io).poll_write(cx, &refusal.answer[refusal.written..]))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            refusal.written += n;
+        }
+        if !refusal.shut {
+            ready!(Pin::new(&mut *io).poll_flush(cx))?;
+            ready!(Pin::new(&mut *io).poll_shutdown(cx))?;
+            refusal.shut = true;
+        }
+        let mut scratch = [0u8; 8192];
+        loop {
+            if refusal.linger.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Ok(()));
+            }
+            let mut drain = ReadBuf::new(&mut scratch);
+            match ready!(Pin::new(&mut *io).poll_read(cx, &mut drain)) {
+                Ok(()) if !drain.filled().is_empty() => continue,
+                _ => return Poll::Ready(Ok(())),
+            }
+        }
+    }
+
+    /// Looks at bytes just read: starts or stops the head clock, or refuses the head.
+    fn inspect(&mut self, bytes: &[u8]) -> Result<(), ApiError> {
+        match self.heads.feed(bytes) {
+            Verdict::Fine => {}
+            Verdict::UriTooLong => {
+                return Err(ApiError::UriTooLong {
+                    max_bytes: head::MAX_HEAD_BYTES,
+                });
+            }
+            Verdict::HeadTooLarge => {
+                return Err(ApiError::HeadTooLarge {
+                    max_bytes: head::MAX_HEAD_BYTES,
+                    max_lines: head::MAX_HEADER_LINES,
+                });
+            }
+        }
+        if !self.heads.awaiting_head() {
+            self.head_clock = None;
+        } else if self.heads.in_head() && self.head_clock.is_none() {
+            self.head_clock = Some(Box::pin(tokio::time::sleep(self.limits.header_timeout)));
+        }
+        Ok(())
+    }
+
+    /// Pending read: has the client been silent too long, or its head too slow?
+    fn poll_clocks(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.silence.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        let Some(clock) = self.head_clock.as_mut() else {
+            return Poll::Pending;
+        };
+        ready!(clock.as_mut().poll(cx));
+        self.head_clock = None;
+        if !self.heads.in_head() {
+            // Nothing of a request arrived: nobody to answer.
+            return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
+        }
+        self.refuse(ApiError::HeaderTimeout);
+        self.poll_refusal(cx)
+    }
+}
+
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.refusal.is_some() {
+            return this.poll_refusal(cx);
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let deadline = Instant::now() + this.limits.idle_timeout;
+                this.silence.as_mut().reset(deadline);
+                match this.inspect(&buf.filled()[before..]) {
+                    Ok(()) => Poll::Ready(Ok(())),
+                    Err(error) => {
+                        // hyper never sees the refused bytes.
+                        buf.set_filled(before);
+                        this.refuse(error);
+                        this.poll_refusal(cx)
+                    }
+                }
+            }
+            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
+            Poll::Pending => this.poll_clocks(cx),
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.heads.answered();
+        Pin::new(&mut this.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        this.heads.answered();
+        Pin::new(&mut this.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}

@@ -1,0 +1,176 @@
+//! The OpenAPI document around the operation, as served (`/openapi.json`, `/openapi.yaml`,
+//! Swagger UI on `/docs`) and printed (`plantstore openapi`), rendered once at start.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use poem::{Endpoint, IntoResponse, Request, Response, Route, get, http::Method, web::Redirect};
+use poem_openapi::{LicenseObject, OpenApiService};
+use serde_json::{Value, json};
+
+use super::{error::ApiError, idempotency_key, plants::PlantsApi, request_id};
+
+/// A rendering of the document that failed, so the service cannot serve it.
+#[derive(Debug, thiserror::Error)]
+pub enum DocumentError {
+    #[error("poem-openapi's document is not JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("the OpenAPI document cannot be written as YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+}
+
+/// The document's renderings, each kept as `Bytes` so an answer shares it rather than
+/// copying it (the Swagger UI page is over a megabyte).
+#[derive(Debug, Clone)]
+pub struct Documents {
+    json: Bytes,
+    yaml: Bytes,
+    ui: Bytes,
+}
+
+impl Documents {
+    /// Every rendering, or the reason one failed: the service refuses to start rather
+    /// than serve an empty document.
+    pub fn render() -> Result<Self, DocumentError> {
+        let service = service();
+        Self::from_spec(&service.spec(), &service.swagger_ui_html())
+    }
+
+    /// The renderings of poem-openapi's document `spec`, with `ui` (poem-openapi's page,
+    /// which embeds `spec`) carrying the completed document instead.
+    fn from_spec(spec: &str, ui: &str) -> Result<Self, DocumentError> {
+        let document = completed(spec)?;
+        let json = document.to_string();
+        Ok(Self {
+            yaml: yaml(&document)?.into(),
+            ui: ui.replace(spec, &json).into(),
+            json: json.into(),
+        })
+    }
+
+    /// `/openapi.json`, `/openapi.yaml` and `/docs`.
+    pub fn routes(&self) -> Route {
+        let serve = |content_type: &'static str, body: &Bytes| {
+            let body = body.clone();
+            get(poem::endpoint::make_sync(move |_| {
+                Response::builder()
+                    .content_type(content_type)
+                    .body(body.clone())
+            }))
+        };
+        Route::new()
+            .at(
+                "/openapi.json",
+                serve("application/json; charset=utf-8", &self.json),
+            )
+            .at(
+                "/openapi.yaml",
+                serve("application/yaml; charset=utf-8", &self.yaml),
+            )
+            .at("/docs", serve("text/html; charset=utf-8", &self.ui))
+    }
+}
+
+/// The operation with the document's title, version and license, as the contract has them.
+pub(super) fn service() -> OpenApiService<PlantsApi, ()> {
+    OpenApiService::new(PlantsApi, "Plant Store", "1.0.0")
+        .description(
+            "A plant store service over HTTP with JSON error bodies. Plants are addressed by an \
+             integer identifier. This is the published contract: the one operation it shows is \
+             deleting a plant.",
+        )
+        .license(LicenseObject::new("MIT"))
+}
+
+/// The document as `plantstore openapi` prints it: poem-openapi's, plus what its response
+/// metadata cannot carry.
+pub fn document() -> Result<Value, DocumentError> {
+    completed(&service().spec())
+}
+
+/// The YAML rendering of `document`, the same for `/openapi.yaml` and the command.
+pub fn yaml(document: &Value) -> Result<String, DocumentError> {
+    Ok(serde_yaml::to_string(document)?)
+}
+
+/// poem-openapi's document `spec`, with an example `Error` body for each error status, the
+/// Idempotency-Key's rules and `x-request-id` on every response.
+fn completed(spec: &str) -> Result<Value, DocumentError> {
+    let mut document: Value = serde_json::from_str(spec)?;
+    let operations = document["paths"]
+        .as_object_mut()
+        .into_iter()
+        .flat_map(|paths| paths.values_mut())
+        .filter_map(Value::as_object_mut)
+        .flat_map(|methods| methods.values_mut());
+    for operation in operations {
+        // poem-openapi would check these itself, with its own error; the handler does. No
+        // example: Swagger UI would fill it in, and every Try it out would share one key.
+        let parameters = operation["parameters"].as_array_mut().into_iter().flatten();
+        for parameter in parameters.filter(|p| p["name"] == idempotency_key::HEADER) {
+            parameter["schema"] = json!({
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 2 * idempotency_key::MAX_LEN + 2,
+                "pattern": idempotency_key::PATTERN,
+            });
+        }
+        let responses = operation["responses"].as_object_mut().into_iter().flatten();
+        for (status, response) in responses {
+            // poem-openapi writes a response header's name in capitals; the draft's spelling.
+            if let Some(headers) = response["headers"].as_object_mut()
+                && let Some(replayed) = headers.remove("IDEMPOTENT-REPLAYED")
+            {
+                headers.insert(idempotency_key::REPLAYED_HEADER.to_owned(), replayed);
+            }
+            response["headers"][request_id::HEADER] = json!({
+                "description": "The request's id: the caller's own when it is 1 to 128 of A-Z a-z 0-9 - _ . : and else a new UUID; the same id is in the log line and the audit row",
+                "required": true,
+                "schema": {"type": "string"},
+            });
+            let example = status.parse().ok().and_then(ApiError::example_of);
+            if let (Some(example), Some(media)) =
+                (example, response.pointer_mut("/content/application~1json"))
+            {
+                media["example"] = json!(example.body());
+            }
+        }
+    }
+    Ok(document)
+}
+
+/// `/` leads a browser to Swagger UI. In front of the router, because the operations
+/// nested at `/` own that path there.
+pub(super) async fn root_to_docs<E: Endpoint>(
+    next: Arc<E>,
+    req: Request,
+) -> poem::Result<Response> {
+    if req.uri().path() != "/" {
+        return next.call(req).await.map(IntoResponse::into_response);
+    }
+    match *req.method() {
+        Method::GET | Method::HEAD => Ok(Redirect::see_other("/docs").into_response()),
+        _ => Err(ApiError::MethodNotAllowed { allow: "GET" }.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rendering_comes_from_the_one_document() {
+        let documents = Documents::render().expect("the document renders");
+        let served: Value = serde_json::from_slice(&documents.json).expect("JSON");
+        assert_eq!(served, document().expect("the document"));
+        let from_yaml: Value = serde_yaml::from_slice(&documents.yaml).expect("YAML");
+        assert_eq!(from_yaml, served);
+        assert!(documents.ui.len() > documents.json.len());
+    }
+
+    #[test]
+    fn a_document_that_cannot_be_read_is_an_error_not_an_empty_answer() {
+        let failed = Documents::from_spec("not JSON", "<html></html>");
+        assert!(matches!(failed, Err(DocumentError::Json(_))), "{failed:?}");
+    }
+}

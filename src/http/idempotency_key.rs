@@ -1,0 +1,102 @@
+//! The `Idempotency-Key` request header (draft-ietf-httpapi-idempotency-key-header): what
+//! a valid key is.
+
+use std::sync::Arc;
+
+use poem::http::HeaderMap;
+
+pub const HEADER: &str = "Idempotency-Key";
+/// The response header that marks a repeated 204.
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+pub const MAX_LEN: usize = 255;
+
+/// What `parse` accepts, as a JSON Schema pattern for the OpenAPI document: a bare key
+/// (not starting with a space or a quote), or a quoted string of 1 to 255 characters
+/// where `"` and `\` are escaped.
+pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
+
+/// A header that is not one valid key (the HTTP layer answers it with a 400).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidKey;
+
+/// The request's key: none without the header; `InvalidKey` when it is sent twice or is
+/// not a valid key.
+pub fn from_headers(headers: &HeaderMap) -> Result<Option<Arc<str>>, InvalidKey> {
+    let mut values = headers.get_all(HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(InvalidKey);
+    }
+    let text = value.to_str().map_err(|_not_ascii| InvalidKey)?;
+    parse(text).map(Some)
+}
+
+/// The key in a header value: the draft's quoted string (`"abc"`, with `\"` and `\\`
+/// escapes) or the bare characters, which name the same key. 1 to 255 printable ASCII
+/// characters (space to `~`), else `InvalidKey`.
+pub fn parse(value: &str) -> Result<Arc<str>, InvalidKey> {
+    let key = match value.strip_prefix('"') {
+        Some(quoted) => unquote(quoted).ok_or(InvalidKey)?,
+        None => value.to_owned(),
+    };
+    let printable = key.bytes().all(|b| (b' '..=b'~').contains(&b));
+    if key.is_empty() || key.len() > MAX_LEN || !printable {
+        return Err(InvalidKey);
+    }
+    Ok(key.into())
+}
+
+/// The inside of a quoted string whose opening quote is gone: up to an unescaped closing
+/// quote, which must end the value.
+fn unquote(quoted: &str) -> Option<String> {
+    let mut key = String::with_capacity(quoted.len());
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return chars.next().is_none().then_some(key),
+            '\\' => match chars.next()? {
+                escaped @ ('"' | '\\') => key.push(escaped),
+                _ => return None,
+            },
+            c => key.push(c),
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_and_quoted_forms_name_the_same_key() {
+        assert_eq!(parse("abc-123").ok().as_deref(), Some("abc-123"));
+        assert_eq!(parse("\"abc-123\"").ok().as_deref(), Some("abc-123"));
+        assert_eq!(
+            parse(r#""a \"b\" \\c""#).ok().as_deref(),
+            Some(r#"a "b" \c"#)
+        );
+        assert_eq!(parse("a b").ok().as_deref(), Some("a b"));
+        assert_eq!(parse(&"k".repeat(255)).ok().map(|k| k.len()), Some(255));
+    }
+
+    #[test]
+    fn anything_else_is_refused() {
+        for value in [
+            "",
+            "\"\"",
+            "\"abc",
+            "\"ab\"c\"",
+            "\"a\\bc\"",
+            "\"abc\"x",
+            "tab\there",
+            "caf\u{e9}",
+            "\u{7f}",
+            &"k".repeat(256),
+        ] {
+            assert!(parse(value).is_err(), "{value:?}");
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The outer layers: request id, one log line per request, every error as JSON, and
+//! the one deadline every request has.
+
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use poem::{
+    Endpoint, IntoResponse, Middleware, Request, Response, Result,
+    error::ResponseError,
+    http::{HeaderValue, header},
+};
+use tracing::Instrument;
+
+use super::{
+    error::ApiError,
+    paths,
+    request_id::{self, RequestId},
+};
+use crate::telemetry::{self, Metrics};
+
+/// Wraps the whole app, so no response (error, panic, unknown route, preflight) leaves
+/// without an `x-request-id` and a log line; and every answer is counted in `/metrics`.
+pub(super) struct RequestContext(pub Arc<Metrics>);
+
+impl<E: Endpoint> Middleware<E> for RequestContext {
+    type Output = RequestContextEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        RequestContextEndpoint {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+pub(super) struct RequestContextEndpoint<E> {
+    inner: E,
+    metrics: Arc<Metrics>,
+}
+
+impl<E: Endpoint> Endpoint for RequestContextEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let started = Instant::now();
+        let request_id = RequestId::from_headers(req.headers());
+        let route = paths::template(req.uri().path());
+        let method = req.method().clone();
+        let span = tracing::info_span!(
+            "request",
+            method = %req.method(),
+            path = %req.uri().path(),
+            request_id = %request_id,
+        );
+        telemetry::follow_caller_trace(&span, req.headers());
+        req.extensions_mut().insert(request_id.clone());
+        if let Some(uri) = paths::with_decodable_path(req.uri()) {
+            *req.uri_mut() = uri;
+        }
+
+        // Errors are answered by `ErrorShape` further in; what still arrives here as one
+        // (from a layer between the two) gets the same shape.
+        let facts = RequestFacts::of(&req);
+        let mut response = match self.inner.call(req).instrument(span.clone()).await {
+            Ok(output) => output.into_response(),
+            Err(err) => facts.answer(err, &self.metrics),
+        };
+        if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
+            response.headers_mut().insert(request_id::HEADER, value);
+        }
+        let status = response.status().as_u16();
+        self.metrics
+            .answered(route, method.as_str(), status, started.elapsed());
+        let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        span.in_scope(|| {
+            // A health check every few seconds would bury the requests that matter.
+            if paths::is_probe(route) && status < 500 {
+                tracing::debug!(status, latency_ms, "request finished");
+            } else {
+                tracing::info!(status, latency_ms, "request finished");
+            }
+        });
+        Ok(response)
+    }
+}
+
+/// Turns every error from the app (routing, path parsing, auth, handlers, panics) into
+/// its `Error` answer, before the CORS layer adds its headers to it.
+pub(super) struct ErrorShape(pub Arc<Metrics>);
+
+impl<E: Endpoint> Middleware<E> for ErrorShape {
+    type Output = ErrorShapeEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        ErrorShapeEndpoint {
+            inner,
+            metrics: Arc::clone(&self.0),
+        }
+    }
+}
+
+pub(super) struct ErrorShapeEndpoint<E> {
+    inner: E,
+    metrics: Arc<Metrics>,
+}
+
+impl<E: Endpoint> Endpoint for ErrorShapeEndpoint<E> {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        let facts = RequestFacts::of(&req);
+        Ok(match self.inner.call(req).await {
+            Ok(output) => output.into_response(),
+            Err(err) => facts.answer(err, &self.metrics),
+        })
+    }
+}
+
+/// What an error's answer needs to know of its request.
+struct RequestFacts {
+    token_sent: bool,
+    /// The methods of the request's path, for a 405's `Allow`.
+    allow: &'static str,
+}
+
+impl RequestFacts {
+    fn of(req: &Request) -> Self {
+        Self {
+            token_sent: req.headers().contains_key(header::AUTHORIZATION),
+            allow: paths::allowed_methods(req.uri().path()),
+        }
+    }
+
+    fn answer(&self, err: poem::Error, metrics: &Metrics) -> Response {
+        let error = ApiError::from_poem(err, self.token_sent, self.allow);
+        if let ApiError::Unauthorized(failure) = error {
+            metrics.auth_failed(failure.as_str());
+        }
+        error.as_response()
+    }
+}
+
+/// `PLANTSTORE_REQUEST_TIMEOUT`: past it, the request's work is dropped and the answer is
+/// a 503. Dropping it withdraws a delete still queued for its batch; one already in a
+/// commit may still be committed, and then the audit table has it.
+pub(super) struct Deadline(pub Duration);
+
+impl<E: Endpoint> Middleware<E> for Deadline {
+    type Output = DeadlineEndpoint<E>;
+
+    fn transform(&self, inner: E) -> Self::Output {
+        DeadlineEndpoint {
+            inner,
+            limit: self.0,
+        }
+    }
+}
+
+pub(super) struct DeadlineEndpoint<E> {
+    inner: E,
+    limit: Duration,
+}
+
+impl<E: Endpoint> Endpoint for DeadlineEndpoint<E> {
+    type Output = E::Output;
+
+    async fn call(&self, req: Request) -> Result<Self::Output> {
+        match tokio::time::timeout(self.limit, self.inner.call(req)).await {
+            Ok(answer) => answer,
+            Err(_elapsed) => {
+                tracing::warn!(
+                    limit_ms = self.limit.as_millis() as u64,
+                    "request deadline passed"
+                );
+                Err(ApiError::DeadlineExceeded.into())
+            }
+        }
+    }
+}

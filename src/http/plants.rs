@@ -1,0 +1,79 @@
+//! The published operation, `DELETE /plants/{id}`: what it reads from the request, and
+//! what each store outcome answers.
+
+use std::sync::Arc;
+
+use plantstore_store::{Deleted, Deletion, StoreError};
+use poem::{Request, web::Data};
+use poem_openapi::{
+    ApiResponse, OpenApi,
+    param::{Header, Path},
+};
+
+use super::{bearer::BearerAuth, error::ApiError, idempotency_key, request_id::RequestId};
+use crate::state::AppState;
+
+pub(super) struct PlantsApi;
+
+#[derive(Debug, ApiResponse)]
+pub enum PlantDeleted {
+    /// Plant deleted: now, or by an earlier request with the same Idempotency-Key
+    #[oai(status = 204)]
+    Deleted(
+        /// `true` when an earlier request with this Idempotency-Key from the same caller
+        /// deleted the plant and this answer repeats its 204; absent otherwise
+        #[oai(header = "Idempotent-Replayed")]
+        Option<bool>,
+    ),
+}
+
+#[OpenApi]
+impl PlantsApi {
+    /// Delete a plant
+    ///
+    /// Deletes a single plant based on the ID supplied
+    // The bearer parameter comes first: an anonymous request must get 401 before its id
+    // is even parsed.
+    #[oai(path = "/plants/:id", method = "delete", operation_id = "deletePlant")]
+    #[tracing::instrument(name = "delete_plant", level = "debug", skip_all, fields(id = id.0, token = %auth.0.token_name, idempotency_key = idempotency_key.0.as_deref()))]
+    async fn delete_plant(
+        &self,
+        auth: BearerAuth,
+        /// ID of plant to delete
+        id: Path<i64>,
+        /// Makes a retry safe: a retry with the same key from the same caller (token or JWT
+        /// subject) within PLANTSTORE_IDEMPOTENCY_TTL (default 24 hours) of a delete it made
+        /// answers 204 again with `Idempotent-Replayed: true`; used for another plant id, 422.
+        /// A first try that answered 404, 409 or 503 did nothing and is simply tried again.
+        /// 1 to 255 printable ASCII characters, bare or as a quoted string ("key").
+        #[oai(name = "Idempotency-Key")]
+        idempotency_key: Header<Option<String>>,
+        state: Data<&AppState>,
+        request_id: Data<&RequestId>,
+        request: &Request,
+    ) -> Result<PlantDeleted, ApiError> {
+        // Read from the headers themselves: poem-openapi takes a value that is not text as
+        // no header at all, and the first of several.
+        let idempotency_key = idempotency_key::from_headers(request.headers())?;
+        let deletion = Deletion {
+            plant_id: id.0,
+            caller: Arc::clone(&auth.0.token_name),
+            request_id: request_id.as_str().to_owned(),
+            idempotency_key,
+        };
+        match state.store.delete_plant(deletion).await {
+            Ok(Deleted::Now) => {
+                state.metrics.deleted();
+                Ok(PlantDeleted::Deleted(None))
+            }
+            Ok(Deleted::Replayed) => Ok(PlantDeleted::Deleted(Some(true))),
+            Err(StoreError::NotFound) => Err(ApiError::PlantNotFound(id.0)),
+            Err(StoreError::Referenced) => Err(ApiError::PlantReferenced(id.0)),
+            Err(StoreError::KeyReused { plant_id }) => Err(ApiError::IdempotencyKeyReused {
+                earlier: plant_id,
+                plant: id.0,
+            }),
+            Err(err) => Err(err.into()),
+        }
+    }
+}

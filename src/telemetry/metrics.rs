@@ -1,0 +1,186 @@
+//! What `/metrics` shows, in Prometheus text: requests by route and status, their latency,
+//! deletions, authentication failures by reason, the database pool and queue, group-commit
+//! batch sizes and token-cache lookups. Each app has its own recorder (none is installed
+//! globally), so every instance, and every test, counts only its own requests.
+
+use std::{sync::Arc, time::Duration};
+
+use ::metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{
+    BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
+};
+use plantstore_store::{CommitObserver, Store};
+
+use crate::auth::TokenCache;
+
+const REQUESTS: &str = "plantstore_http_requests_total";
+const LATENCY: &str = "plantstore_http_request_duration_seconds";
+const DELETIONS: &str = "plantstore_deletions_total";
+const AUTH_FAILURES: &str = "plantstore_auth_failures_total";
+const POOL: &str = "plantstore_db_pool_connections";
+const QUEUED: &str = "plantstore_delete_queue_waiting";
+const BATCH_SIZES: &str = "plantstore_commit_batch_size";
+const TOKEN_LOOKUPS: &str = "plantstore_token_cache_lookups_total";
+const TOKEN_RELOADS: &str = "plantstore_token_cache_reloads_total";
+/// How often histogram samples are folded into their buckets (see `keep_up`).
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
+static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
+
+pub struct Metrics {
+    recorder: PrometheusRecorder,
+    handle: PrometheusHandle,
+    deletions: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, BuildError> {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full(LATENCY.into()),
+                &[
+                    0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                ],
+            )?
+            .set_buckets_for_metric(
+                Matcher::Full(BATCH_SIZES.into()),
+                &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
+            )?
+            .build_recorder();
+        let described: [(&'static str, Unit, &'static str); 9] = [
+            (
+                REQUESTS,
+                Unit::Count,
+                "HTTP requests answered, by route template, method and status",
+            ),
+            (
+                LATENCY,
+                Unit::Seconds,
+                "Time from a request's arrival to its answer, by route template",
+            ),
+            (
+                DELETIONS,
+                Unit::Count,
+                "Plants deleted (204 answers to DELETE /plants/{id})",
+            ),
+            (
+                AUTH_FAILURES,
+                Unit::Count,
+                "401 answers, by reason: missing, malformed, unknown, wrong_secret, expired, revoked, bad_signature, not_yet_valid, wrong_claims",
+            ),
+            (
+                POOL,
+                Unit::Count,
+                "Database connections of this instance's pool, by state (idle, in_use)",
+            ),
+            (
+                QUEUED,
+                Unit::Count,
+                "Deletes waiting for the next group commit",
+            ),
+            (BATCH_SIZES, Unit::Count, "Deletes per group commit"),
+            (
+                TOKEN_LOOKUPS,
+                Unit::Count,
+                "Token lookups in the in-memory token table, by result (hit, miss)",
+            ),
+            (
+                TOKEN_RELOADS,
+                Unit::Count,
+                "Reloads of the in-memory token table from the database",
+            ),
+        ];
+        for (name, unit, help) in described {
+            recorder.describe_counter(name.into(), Some(unit), help.into());
+        }
+        let handle = recorder.handle();
+        let deletions = recorder.register_counter(&Key::from_name(DELETIONS), &METADATA);
+        Ok(Self {
+            recorder,
+            handle,
+            deletions,
+        })
+    }
+
+    /// What the store tells each group-commit batch's size.
+    pub fn batch_sizes(&self) -> Arc<dyn CommitObserver> {
+        Arc::new(BatchSizes(
+            self.recorder
+                .register_histogram(&Key::from_name(BATCH_SIZES), &METADATA),
+        ))
+    }
+
+    pub fn answered(&self, route: &'static str, method: &str, status: u16, took: Duration) {
+        let labels = [
+            Label::new("route", route),
+            Label::new("method", SharedString::from(method.to_owned())),
+            Label::new("status", SharedString::from(status.to_string())),
+        ];
+        self.recorder
+            .register_counter(&Key::from_parts(REQUESTS, labels.to_vec()), &METADATA)
+            .increment(1);
+        self.recorder
+            .register_histogram(
+                &Key::from_parts(LATENCY, vec![Label::new("route", route)]),
+                &METADATA,
+            )
+            .record(took.as_secs_f64());
+    }
+
+    pub fn deleted(&self) {
+        self.deletions.increment(1);
+    }
+
+    pub fn auth_failed(&self, reason: &'static str) {
+        let key = Key::from_parts(AUTH_FAILURES, vec![Label::new("reason", reason)]);
+        self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
+    /// Folds the histogram samples recorded since the last time into their buckets. The
+    /// exporter keeps every sample until then, so without this its memory grows with every
+    /// request between scrapes (ten seconds of 401s at 64 connections took the service's
+    /// anonymous memory from 8.8 to 21.3 MiB).
+    pub async fn keep_up(self: Arc<Self>) {
+        let mut every = tokio::time::interval(UPKEEP_EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            self.handle.run_upkeep();
+        }
+    }
+
+    /// The Prometheus text, with the pool, the queue and the token cache read now.
+    pub fn render(&self, store: &dyn Store, tokens: &TokenCache) -> String {
+        let stats = store.stats();
+        let in_use = (stats.pool_size as usize).saturating_sub(stats.pool_idle);
+        for (state, count) in [("idle", stats.pool_idle), ("in_use", in_use)] {
+            let key = Key::from_parts(POOL, vec![Label::new("state", state)]);
+            self.recorder
+                .register_gauge(&key, &METADATA)
+                .set(count as f64);
+        }
+        self.recorder
+            .register_gauge(&Key::from_name(QUEUED), &METADATA)
+            .set(stats.queued as f64);
+        let lookups = tokens.lookups();
+        for (result, count) in [("hit", lookups.hits), ("miss", lookups.misses)] {
+            let key = Key::from_parts(TOKEN_LOOKUPS, vec![Label::new("result", result)]);
+            self.recorder
+                .register_counter(&key, &METADATA)
+                .absolute(count);
+        }
+        self.recorder
+            .register_counter(&Key::from_name(TOKEN_RELOADS), &METADATA)
+            .absolute(tokens.reloads());
+        self.handle.render()
+    }
+}
+
+/// The store's group commits, as a histogram of their sizes.
+struct BatchSizes(Histogram);
+
+impl CommitObserver for BatchSizes {
+    fn batch_committed(&self, size: usize) {
+        self.0.record(size as f64);
+    }
+}

@@ -1,0 +1,146 @@
+//! What the service tells its operators: logs (human-readable or JSON lines on stderr,
+//! filtered by `RUST_LOG`), spans exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is
+//! set, and the `/metrics` registry.
+
+mod metrics;
+
+pub use metrics::Metrics;
+
+use std::{
+    io::{BufWriter, IsTerminal},
+    sync::atomic::{AtomicBool, Ordering},
+};
+
+use opentelemetry::{global, propagation::Extractor, trace::TracerProvider as _};
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use poem::http::HeaderMap;
+use tracing::Level;
+use tracing_appender::non_blocking::{NonBlockingBuilder, WorkerGuard};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::{
+    EnvFilter, Layer, filter::Targets, layer::SubscriberExt, util::SubscriberInitExt,
+};
+
+use crate::config::LogFormat;
+
+/// Whether spans are exported: only then is a caller's `traceparent` read.
+static EXPORTING: AtomicBool = AtomicBool::new(false);
+
+/// What must outlive the service: the log writer's thread and the span exporter.
+pub struct Telemetry {
+    logs: WorkerGuard,
+    traces: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Sends the spans still queued, then flushes the log lines still queued.
+    pub fn shutdown(self) {
+        if let Some(traces) = self.traces {
+            let _ = traces.shutdown();
+        }
+        drop(self.logs);
+    }
+}
+
+/// Installs the global subscriber. Logs go to stderr so stdout carries only what a
+/// command prints for scripts (such as a new token).
+///
+/// Lines are written by a thread of their own, buffered while more are waiting and
+/// flushed as soon as none are: under load a request no longer pays a `write` to stderr
+/// for its log line (one syscall per line was about 5% of the service's CPU in perf). No
+/// line is dropped: when the queue is full, logging waits.
+///
+/// With `otlp_endpoint`, the service's spans (the request, the handler, the store and its
+/// commits, whatever `RUST_LOG` says) also go to `{endpoint}/v1/traces` as OTLP over HTTP;
+/// without it nothing of OpenTelemetry is installed.
+pub fn init(
+    filter: &str,
+    format: LogFormat,
+    otlp_endpoint: Option<&str>,
+) -> Result<Telemetry, String> {
+    let mut directives = EnvFilter::try_new(filter)
+        .map_err(|err| format!("RUST_LOG is not a valid filter: {err}"))?;
+    // PostgreSQL's notices, such as "relation … already exists, skipping" from the
+    // migrations every start and every command runs, are no news at info; a filter that
+    // names sqlx itself decides.
+    if !filter.contains("sqlx") {
+        let quiet = "sqlx::postgres::notice=warn"
+            .parse()
+            .map_err(|err| format!("the notice filter: {err}"))?;
+        directives = directives.add_directive(quiet);
+    }
+    let filter = directives;
+    let (writer, logs) = NonBlockingBuilder::default()
+        .lossy(false)
+        .thread_name("plantstore-log")
+        .finish(BufWriter::new(std::io::stderr()));
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(writer)
+        .with_ansi(std::io::stderr().is_terminal());
+    let lines = match format {
+        LogFormat::Text => lines.boxed(),
+        LogFormat::Json => lines
+            .json()
+            .with_current_span(true)
+            .with_span_list(false)
+            .boxed(),
+    };
+    let traces = otlp_endpoint.map(tracer_provider).transpose()?;
+    let spans = traces.as_ref().map(|provider| {
+        let ours = Targets::new()
+            .with_target("plantstore", Level::DEBUG)
+            .with_target("plantstore_store", Level::DEBUG)
+            .with_target("plantstore_sqlite", Level::DEBUG)
+            .with_target("plantstore_postgres", Level::DEBUG);
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("plantstore"))
+            .with_filter(ours)
+    });
+    tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
+        .with(spans)
+        .try_init()
+        .map_err(|err| format!("cannot install the logger: {err}"))?;
+    if traces.is_some() {
+        global::set_text_map_propagator(TraceContextPropagator::new());
+        EXPORTING.store(true, Ordering::Relaxed);
+    }
+    Ok(Telemetry { logs, traces })
+}
+
+fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, String> {
+    let exporter = SpanExporter::builder()
+        .with_http()
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+        .build()
+        .map_err(|err| format!("OTEL_EXPORTER_OTLP_ENDPOINT cannot be used: {err}"))?;
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(Resource::builder().with_service_name("plantstore").build())
+        .build())
+}
+
+/// Makes `span` a child of the caller's trace when spans are exported and the request
+/// carries a W3C `traceparent`.
+pub fn follow_caller_trace(span: &tracing::Span, headers: &HeaderMap) {
+    if !EXPORTING.load(Ordering::Relaxed) {
+        return;
+    }
+    let parent =
+        global::get_text_map_propagator(|propagator| propagator.extract(&Headers(headers)));
+    let _ = span.set_parent(parent);
+}
+
+struct Headers<'a>(&'a HeaderMap);
+
+impl Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(|name| name.as_str()).collect()
+    }
+}
