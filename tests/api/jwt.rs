@@ -136,6 +136,36 @@ async fn an_hs256_jwt_deletes_and_the_audit_names_its_subject(backend: Backend) 
     assert_eq!(app.delete("3").await.status(), StatusCode::NO_CONTENT);
 }
 
+/// A JWT whose `exp` is the largest number it can hold is no crash: the verified-token
+/// cache adds its leeway to that claim without overflowing (a debug build panicked there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jwt_expiring_at_the_end_of_time_is_served_twice() {
+    let app = spawn_app_on(TestDb::new(Backend::Sqlite).await, |config| {
+        let Ok(secret) = "a-long-shared-secret-for-hs256-tests".parse();
+        config.serve.jwt.jwt_secret = Some(secret);
+    })
+    .await;
+    app.add_plants(&[1, 2]).await;
+    let key = EncodingKey::from_secret(b"a-long-shared-secret-for-hs256-tests");
+    let token = sign(
+        Algorithm::HS256,
+        &key,
+        None,
+        &json!({ "sub": "forever", "exp": u64::MAX }),
+    );
+
+    let first = app.delete_with("1", Some(&token)).await.status();
+    // Answered from the cache of verified tokens, where the leeway is added.
+    let second = app.delete_with("2", Some(&token)).await.status();
+
+    assert_eq!(
+        (first, second),
+        (StatusCode::NO_CONTENT, StatusCode::NO_CONTENT)
+    );
+    assert!(!app.db.plant_exists(1).await && !app.db.plant_exists(2).await);
+    assert_eq!(app.db.deletions(2).await[0].0, "jwt:forever");
+}
+
 /// RS256 with a PEM public key: every way a JWT can be wrong is a 401 `invalid_token`,
 /// including `alg: none` and HS256 signed with the public key as the secret.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,14 @@ struct Verified {
     outcome: Result<Caller, JwtRejection>,
 }
 
+impl Verified {
+    /// Whether the token may still be answered from memory at `now`. Saturating: `exp`
+    /// is the token's own claim, and a huge one must not overflow.
+    fn in_force(&self, now: u64) -> bool {
+        now < self.expires_at.saturating_add(LEEWAY_SECS)
+    }
+}
+
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
@@ -164,7 +172,7 @@ impl JwtVerifier {
         let verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         verified
             .get(digest)
-            .filter(|known| now < known.expires_at + LEEWAY_SECS)
+            .filter(|known| known.in_force(now))
             .map(|known| known.outcome.clone())
     }
 
@@ -178,7 +186,7 @@ impl JwtVerifier {
         // A cache of tokens, not of secrets: it only spares the signature check.
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         if verified.len() >= MAX_VERIFIED {
-            verified.retain(|_, known| now < known.expires_at + LEEWAY_SECS);
+            verified.retain(|_, known| known.in_force(now));
             if verified.len() >= MAX_VERIFIED {
                 verified.clear();
             }
