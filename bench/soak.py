@@ -21,8 +21,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+# The checkout stays as the soak found it: no __pycache__ folder appears beside the package.
+sys.dont_write_bytecode = True
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import run as bench  # noqa: E402  (the benchmark's helpers: databases, service, wrk)
+from harness.common import env_int, free_port  # noqa: E402
+from harness.databases import Postgres, Sqlite  # noqa: E402
+from harness.load import fmt_unexpected, run_wrk, unexpected  # noqa: E402
+from harness.procs import PROCS  # noqa: E402
+from harness.service import Service, proc_status_mib, trim_log, wait_ready  # noqa: E402
 
 STREAMS = {"hit": 4, "miss": 30, "noauth": 30}
 EXPECT = {"hit": "204", "miss": "404", "noauth": "401"}
@@ -39,7 +45,7 @@ def open_fds(pid: int) -> int | None:
         return None
 
 
-def sampler(pid: int, pg: bench.Postgres | None, stop: threading.Event, samples: list):
+def sampler(pid: int, pg: Postgres | None, stop: threading.Event, samples: list):
     started = time.monotonic()
     while not stop.wait(SAMPLE_S):
         connections = None
@@ -49,7 +55,7 @@ def sampler(pid: int, pg: bench.Postgres | None, stop: threading.Event, samples:
                 "WHERE datname = current_database() AND application_name = 'plantstore'"
             )
         samples.append(
-            (time.monotonic() - started, bench.proc_status_mib(pid, "VmRSS"), open_fds(pid), connections)
+            (time.monotonic() - started, proc_status_mib(pid, "VmRSS"), open_fds(pid), connections)
         )
 
 
@@ -58,14 +64,14 @@ def spread(values: list) -> int:
     return (max(values) - min(values)) if values else 0
 
 
-def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: str) -> bool:
+def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) -> bool:
     pg = None
     if backend == "postgres":
-        pg = bench.Postgres(pg_admin, "plantstore_soak")
+        pg = Postgres(pg_admin, "plantstore_soak")
         pg.recreate()
         url = pg.url
     else:
-        sq = bench.Sqlite(work / "soak.db")
+        sq = Sqlite(work / "soak.db")
         sq.remove()
         url = sq.url
     rows = seconds * HIT_IDS_PER_SECOND
@@ -73,10 +79,10 @@ def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: s
         svc.cli(url, "migrate")
         svc.cli(url, "seed", "--count", str(rows))
         token = svc.cli(url, "token", "create", "--name", "soak").strip().splitlines()[-1]
-        port = bench.free_port()
+        port = free_port()
         logfile = work / f"soak-{backend}.log"
         proc = svc.start(url, port, logfile)
-        bench.wait_ready(proc, port, "/readyz", 200, logfile, 30.0, time.perf_counter())
+        wait_ready(proc, port, "/readyz", 200, logfile, 30.0, time.perf_counter())
 
         stop, samples = threading.Event(), []
         watcher = threading.Thread(target=sampler, args=(proc.pid, pg, stop, samples))
@@ -86,15 +92,15 @@ def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: s
         ends = {"hit": rows + 1, "miss": 2 * 10**12, "noauth": 3 * 10**12}
         with ThreadPoolExecutor(len(STREAMS)) as pool:
             runs = {
-                mode: pool.submit(bench.run_wrk, port, mode, conns, firsts[mode], ends[mode],
+                mode: pool.submit(run_wrk, port, mode, conns, firsts[mode], ends[mode],
                                   seconds, token, work / f"soak-{backend}-{mode}.txt")
                 for mode, conns in STREAMS.items()
             }
             results = {mode: future.result() for mode, future in runs.items()}
         stop.set()
         watcher.join()
-        bench.PROCS.stop(proc)
-        bench.trim_log(logfile)
+        PROCS.stop(proc)
+        trim_log(logfile)
     finally:
         if pg is not None:
             pg.drop()
@@ -103,10 +109,10 @@ def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: s
     print(f"\n## {backend}: {seconds} s, 64 connections (hits {STREAMS['hit']}, "
           f"misses {STREAMS['miss']}, 401s {STREAMS['noauth']})")
     for mode, data in results.items():
-        odd = bench.unexpected(data, EXPECT[mode])
+        odd = unexpected(data, EXPECT[mode])
         ok &= not odd
         print(f"- {mode}: {data['requests']:,} requests, {data['rps']} req/s, "
-              f"unexpected: {bench.fmt_unexpected(odd)}")
+              f"unexpected: {fmt_unexpected(odd)}")
     warm = max(30.0, seconds / 10)
     after = [s for s in samples if s[0] >= warm]
     if not after:
@@ -129,17 +135,17 @@ def soak(backend: str, svc: bench.Service, seconds: int, work: Path, pg_admin: s
 
 
 def main() -> int:
-    seconds = bench.env_int("SOAK_SECONDS", 600)
+    seconds = env_int("SOAK_SECONDS", 600)
     root = Path(__file__).resolve().parent.parent
     work = root / "bench" / "out" / "soak"
     work.mkdir(parents=True, exist_ok=True)
     binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", root / "target/release/plantstore"))
     pg_admin = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    svc = bench.Service(binary, work)
+    svc = Service(binary, work)
     try:
         results = [soak(backend, svc, seconds, work, pg_admin) for backend in ("sqlite", "postgres")]
     finally:
-        bench.PROCS.stop_all()
+        PROCS.stop_all()
     print("\nsoak:", "all OK" if all(results) else "FAILED")
     return 0 if all(results) else 1
 

@@ -49,6 +49,7 @@ fn the_guard_reads_dockerignore_as_docker_does() {
         "anchored at the root"
     );
     assert!(excludes("bench/*.py", "bench/run.py"));
+    assert!(excludes("bench/harness", "bench/harness/main.py"));
     assert!(!excludes("bench/*.py", "bench/sqlite-raw/src/main.rs"));
     assert!(excludes("bench/sqlite-raw", "bench/sqlite-raw/Cargo.toml"));
     assert!(!excludes("src", "crates/store/src/lib.rs"));

@@ -1,0 +1,104 @@
+"""Load: wrk runs against a port, what they got that was not expected, nginx as the HTTP ceiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from .common import BENCH, CONNS, EXPECT, NOAUTH_FIRST, fmt, fmt_rate, free_port, log
+from .procs import PROCS, run
+from .service import wait_ready
+
+LUA = BENCH / "wrk.lua"
+
+
+def run_wrk(port: int, mode: str, conns: int, first: int, end: int, seconds: int, token: str,
+            out: Path) -> dict:
+    threads = 1 if conns == 1 else 2
+    cmd = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--latency", "--timeout", "10s",
+           "-s", LUA, f"http://127.0.0.1:{port}", "--", mode, first, end, threads]
+    env = dict(os.environ, BENCH_TOKEN=token)
+    res = run(cmd, timeout=seconds + 120, env=env)
+    out.write_text(res.stdout + res.stderr)
+    line = next((l for l in res.stdout.splitlines() if l.startswith("BENCH_JSON ")), None)
+    if line is None:
+        raise RuntimeError(f"wrk printed no BENCH_JSON line (see {out})")
+    data = json.loads(line[len("BENCH_JSON "):])
+    data["threads_n"] = threads
+    data["connections"] = conns
+    data["generated"] = sum(t["generated"] for t in data["threads"])
+    data["exhausted"] = sum(t["exhausted"] for t in data["threads"])
+    return data
+
+
+def unexpected(data: dict, expect: str) -> dict:
+    """Statuses other than the expected one, plus socket errors and timeouts."""
+    odd = {code: n for code, n in data["statuses"].items() if code != expect and n}
+    for kind in ("connect", "read", "write", "timeout"):
+        if data["errors"].get(kind):
+            odd[kind] = data["errors"][kind]
+    if data.get("exhausted"):
+        odd["ids exhausted"] = data["exhausted"]
+    return odd
+
+
+def fmt_unexpected(odd: dict) -> str:
+    return "none" if not odd else ", ".join(f"{k}: {v}" for k, v in odd.items())
+
+
+NGINX_CONF = """# bench/run: the HTTP ceiling, nginx answering every request with 204 on loopback.
+worker_processes auto;
+daemon off;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    # One connection serves the whole run, as the service's keep-alive does (nginx would
+    # otherwise close it every 1,000 requests).
+    keepalive_requests 100000000;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 204; }}
+    }}
+}}
+"""
+
+
+def nginx_binary() -> str:
+    path = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if not path:
+        raise RuntimeError("nginx not found")
+    return path
+
+
+def nginx_anchor(work: Path, seconds: int) -> dict:
+    """nginx's `return 204` under the same wrk requests as the 401s, at each connection count."""
+    ndir = work / "nginx"
+    ndir.mkdir()
+    nport = free_port()
+    (ndir / "nginx.conf").write_text(NGINX_CONF.format(dir=ndir, port=nport))
+    with open(ndir / "stderr.log", "wb") as nerr:
+        nginx = PROCS.start([nginx_binary(), "-p", ndir, "-e", ndir / "error.log", "-c",
+                             ndir / "nginx.conf"], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=nerr)
+    wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30, time.perf_counter())
+    runs = {}
+    for conns in CONNS:
+        d = run_wrk(nport, "noauth", conns, NOAUTH_FIRST, 0, seconds, "",
+                    work / f"wrk-nginx-{conns}.out")
+        d["unexpected"] = unexpected(d, EXPECT["nginx"])
+        runs[str(conns)] = d
+        log(f"nginx      c={conns:<3} {fmt_rate(d['rps']):>9} req/s  p50 {fmt(d['p50_ms'], 3)} ms  "
+            f"p99 {fmt(d['p99_ms'], 3)} ms  unexpected: {fmt_unexpected(d['unexpected'])}")
+    PROCS.stop(nginx)
+    return runs

@@ -1,0 +1,344 @@
+"""One run from start to end: settings, id plan, databases, each measurement in turn, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .chart import chart_svg
+from .checks import describe_blocks_check, describe_hits_check, verify_hits
+from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, EXPECT, LUA_MODE, MISS_FIRST,
+                     NOAUTH_FIRST, READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt,
+                     fmt_rate, free_port, log, on_signal)
+from .databases import Postgres, Sqlite, count_range, run_pgbench, run_sqlite_raw
+from .load import fmt_unexpected, nginx_anchor, run_wrk, unexpected
+from .machine import machine_info, measure_fsync
+from .procs import PROCS
+from .report import markdown_table, result_rows, results_markdown, targets, targets_table
+from .service import Service, trim_log, vm_hwm_mib, wait_ready
+
+MIN_ROWS = 1_000_000
+# Each deleting run gets its own id range. Service hit runs reached 26,000 deletes a second
+# here (and ran out of a 25,000-a-second range once), so they get 60,000; the raw anchors
+# (pgbench at most about 20,000 tps, sqlite-raw about 10,000) get twice 25,000.
+IDS_PER_SECOND = 60_000
+RAW_IDS_PER_SECOND = 25_000
+
+
+@dataclass
+class Settings:
+    """What the environment (BENCH_*) asks of this run."""
+
+    seconds: int
+    out_dir: Path
+    plantstore: Path
+    sqlite_raw_bin: Path
+    pg_admin: str
+    pg_db: str
+    keep: bool
+
+
+def settings() -> Settings:
+    s = Settings(
+        seconds=env_int("BENCH_SECONDS", 10),
+        out_dir=Path(os.environ.get("BENCH_OUT") or BENCH / "out").resolve(),
+        plantstore=Path(os.environ.get("BENCH_PLANTSTORE_BIN")
+                        or ROOT / "target/release/plantstore"),
+        sqlite_raw_bin=Path(os.environ.get("BENCH_SQLITE_RAW_BIN")
+                            or ROOT / "target/release/sqlite-raw"),
+        pg_admin=(os.environ.get("BENCH_PG_ADMIN_URL")
+                  or "postgres://postgres@127.0.0.1:5432/postgres"),
+        pg_db=os.environ.get("BENCH_PG_DB") or "plantstore_bench",
+        keep=os.environ.get("BENCH_KEEP") == "1",
+    )
+    for b in (s.plantstore, s.sqlite_raw_bin):
+        if not os.access(b, os.X_OK):
+            sys.exit(f"bench: {b} is missing; build it (bench/run without --no-build)")
+    for tool in ("wrk", "psql"):
+        if not shutil.which(tool):
+            sys.exit(f"bench: {tool} is not installed")
+    return s
+
+
+def make_work_dir(out_dir: Path) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    work = out_dir / "work"
+    marker = work / ".bench-work"
+    if work.exists() and not marker.exists():
+        sys.exit(f"bench: {work} exists and was not made by bench/run; choose another BENCH_OUT")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    marker.write_text("made by bench/run; emptied at the start of every run\n")
+    return work
+
+
+class Ids:
+    def __init__(self):
+        self.next = 1
+
+    def take(self, n):
+        lo = self.next
+        self.next += n
+        return lo, self.next
+
+
+@dataclass
+class Plan:
+    """Which ids each deleting run may delete, and how many rows each database is seeded with."""
+
+    span: int
+    hits: dict
+    pgbench: dict
+    raw_sqlite: tuple
+    rows: dict
+
+
+def plan_ids(seconds: int) -> Plan:
+    # Id ranges: every deleting run its own [lo, hi), never shared, never reused.
+    span = seconds * IDS_PER_SECOND
+    raw_span = seconds * RAW_IDS_PER_SECOND
+    ids = {b: Ids() for b in BACKENDS}
+    hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
+    # pgbench splits its range into one block per client; twice the span leaves each client
+    # room for twice its even share (a client past its block asks for id 0 and the check fails).
+    pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS}
+    # sqlite-raw has no bound of its own: its range is the highest, twice the span, so even an
+    # overrun only reaches ids that were never seeded (and its check fails).
+    raw_sqlite = ids["sqlite"].take(2 * raw_span)
+    rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
+    return Plan(span, hits, pgbench, raw_sqlite, rows)
+
+
+class Bench:
+    """One run's state: settings, plan, the service and databases, all it measured (R), failures."""
+
+    def __init__(self, s: Settings, plan: Plan, work: Path):
+        self.s = s
+        self.plan = plan
+        self.work = work
+        self.svc = Service(s.plantstore, work)
+        self.pg = Postgres(s.pg_admin, s.pg_db)
+        self.sq = Sqlite(work / "bench.db")
+        self.R: dict = {"config": {"seconds": s.seconds, "ids_per_run": plan.span,
+                                   "rows": plan.rows, "connections": list(CONNS),
+                                   "plantstore": str(s.plantstore),
+                                   "sqlite_raw": str(s.sqlite_raw_bin), "postgres_db": s.pg_db},
+                        "service": {b: {w: {} for w in WORKLOADS} for b in BACKENDS},
+                        "anchors": {"pgbench": {}, "nginx": {}}}
+        self.failures: list[str] = []
+        self.tokens: dict[str, str] = {}
+        self.started_at = time.time()
+
+    def note_check(self, label: str, check: dict, describe) -> None:
+        log(f"  check: {describe(check)}")
+        if not check["ok"]:
+            self.failures.append(f"{label}: " + "; ".join(check["problems"]))
+
+
+def machine_and_disk(b: Bench) -> None:
+    """Before anything else touches the disk."""
+    b.R["machine"] = m = machine_info()
+    log(f"machine: {m['nproc']} cores, {m['cpu_model']}, kernel {m['kernel']}, "
+        f"{fmt(m['mem_gib'], 1)} GiB, {m['date']}, commit {m['commit']}")
+    b.R["fsync"] = f = measure_fsync(b.work)
+    log(f"disk: {f['fsyncs_per_s']:,.0f} fsyncs/s, {f['ms_per_fsync']:.3f} ms per fsync "
+        f"(p50 {f['p50_ms']:.3f}, p99 {f['p99_ms']:.3f} ms; 4 KiB pwrite+fsync for "
+        f"{f['seconds']:.1f} s in {f['directory']}, {f['filesystem']}, beside the SQLite database)")
+    rows = b.plan.rows
+    log(f"runs: {b.s.seconds} s each; ids per deleting run {b.plan.span:,}; rows seeded: SQLite "
+        f"{rows['sqlite']:,}, PostgreSQL {rows['postgres']:,}")
+    log("never compare these figures with another run's: everything below is from this run")
+
+
+def prepare_databases(b: Bench) -> None:
+    log("\n== preparing databases")
+    b.sq.remove()
+    b.pg.recreate()
+    b.R["machine"]["postgres"] = b.pg.version()
+    ddir = b.pg.data_directory()
+    if ddir:
+        same = os.path.exists(ddir) and os.stat(ddir).st_dev == os.stat(b.work).st_dev
+        b.R["machine"]["postgres_data_directory_same_filesystem"] = same
+        if not same:
+            log(f"note: PostgreSQL's data directory {ddir} is not on the SQLite database's "
+                "filesystem, so the fsync rate above is the SQLite disk's only")
+    for backend, url, db in (("sqlite", b.sq.url, b.sq), ("postgres", b.pg.url, b.pg)):
+        b.tokens[backend] = seed(b, backend, url, db)
+
+
+def seed(b: Bench, backend: str, url: str, db) -> str:
+    """Migrates and seeds one database; returns the token the wrk runs send."""
+    rows = b.plan.rows[backend]
+    t0 = time.perf_counter()
+    b.svc.cli(url, "migrate")
+    b.svc.cli(url, "seed", "--count", str(rows))
+    seeded = time.perf_counter() - t0
+    n = db.scalar(f"SELECT count(*) FROM plants WHERE id >= 1 AND id <= {rows}")
+    if n != rows:
+        raise RuntimeError(f"{backend}: seeded {n} rows, wanted {rows}")
+    out = b.svc.cli(url, "token", "create", "--name", "bench").strip().splitlines()
+    if not out or not out[-1].strip():
+        raise RuntimeError(f"{backend}: token create printed no token")
+    log(f"{BACKEND_NAME[backend]}: migrated, {n:,} plants seeded in {seeded:.1f} s, token created")
+    return out[-1].strip()
+
+
+def service_runs(b: Bench, backend: str, url: str, db) -> None:
+    for workload in WORKLOADS:
+        for conns in CONNS:
+            service_run(b, backend, url, db, workload, conns)
+
+
+def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int) -> None:
+    """A fresh service process (so its peak RSS is this run's) under wrk; hits are then checked."""
+    db.settle(vacuum=workload == "hits")
+    if workload == "hits":
+        lo, hi = b.plan.hits[backend][conns]
+        before = count_range(db, lo, hi)
+    elif workload == "misses":
+        lo, hi = MISS_FIRST, 0
+    else:
+        lo, hi = NOAUTH_FIRST, 0
+    port = free_port()
+    slog = b.work / f"service-{backend}-{workload}-{conns}.log"
+    proc = b.svc.start(url, port, slog)
+    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, b.s.seconds, b.tokens[backend],
+                b.work / f"wrk-{backend}-{workload}-{conns}.out")
+    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
+    code = PROCS.stop(proc)
+    d["exit_code"] = code
+    d["unexpected"] = unexpected(d, EXPECT[workload])
+    d["log_lines"] = trim_log(slog) if not b.s.keep else None
+    b.R["service"][backend][workload][str(conns)] = d
+    line = (f"{backend:<8} {workload:<6} c={conns:<3} {fmt_rate(d['rps']):>9} req/s  "
+            f"p50 {fmt(d['p50_ms'], 3)} ms  p99 {fmt(d['p99_ms'], 3)} ms  "
+            f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  "
+            f"unexpected: {fmt_unexpected(d['unexpected'])}")
+    if code not in (0, None):
+        line += f"  (exited {code} after SIGTERM; see {slog.name})"
+    log(line)
+    if workload == "hits":
+        d["check"] = v = verify_hits(db, lo, hi, before, d)
+        b.note_check(f"{backend} hits c={conns}", v, describe_hits_check)
+
+
+def measure_sqlite(b: Bench) -> None:
+    """The raw anchor, the service, then start-up time on the database the runs left."""
+    log("\n== SQLite")
+    lo, hi = b.plan.raw_sqlite
+    b.sq.settle(vacuum=False)
+    a = run_sqlite_raw(b.s.sqlite_raw_bin, b.sq, lo, hi, b.s.seconds, b.work)
+    b.R["anchors"]["sqlite-raw"] = a
+    log(f"sqlite-raw c=1   {fmt_rate(a['rps']):>9} del/s  p50 {fmt(a['p50_ms'], 3)} ms  "
+        f"p99 {fmt(a['p99_ms'], 3)} ms")
+    b.note_check("sqlite-raw", a["check"], describe_blocks_check)
+    service_runs(b, "sqlite", b.sq.url, b.sq)
+    measure_startup(b)
+
+
+def measure_startup(b: Bench) -> None:
+    """SQLite service start to the first 200 from /readyz, READYZ_STARTS times."""
+    b.sq.settle(vacuum=False)
+    starts = []
+    for i in range(READYZ_STARTS):
+        port = free_port()
+        slog = b.work / f"service-sqlite-start-{i + 1}.log"
+        t0 = time.perf_counter()
+        proc = b.svc.start(b.sq.url, port, slog)
+        starts.append(wait_ready(proc, port, "/readyz", 200, slog, 60, t0) * 1000)
+        PROCS.stop(proc)
+    b.R["readyz"] = {"ms": starts, "median_ms": statistics.median(starts)}
+    log(f"start to /readyz 200 (SQLite, {READYZ_STARTS} starts): median "
+        f"{statistics.median(starts):.1f} ms ({', '.join(f'{x:.1f}' for x in starts)})")
+
+
+def measure_postgres(b: Bench) -> None:
+    """pgbench at each client count, then the service."""
+    log("\n== PostgreSQL")
+    for conns in CONNS:
+        lo, hi = b.plan.pgbench[conns]
+        b.pg.settle(vacuum=True)
+        a = run_pgbench(b.pg, conns, lo, hi, b.s.seconds, b.work)
+        b.R["anchors"]["pgbench"][str(conns)] = a
+        log(f"pgbench    c={conns:<3} {fmt_rate(a['rps']):>9} tps    p50 {fmt(a['p50_ms'], 3)} ms  "
+            f"p99 {fmt(a['p99_ms'], 3)} ms  failed: {a['failed']}")
+        b.note_check(f"pgbench c={conns}", a["check"], describe_blocks_check)
+    service_runs(b, "postgres", b.pg.url, b.pg)
+
+
+def write_report(b: Bench) -> int:
+    """Prints the tables, writes results.md, results.json and chart.svg; returns the exit code."""
+    R, out_dir = b.R, b.s.out_dir
+    R["elapsed_s"] = time.time() - b.started_at
+    R["targets"] = ts = targets(R)
+    R["failures"] = b.failures
+    table = markdown_table(result_rows(R))
+    ttable = targets_table(ts)
+    md = results_markdown(R, table, ttable)
+    log("\n" + table + "\n")
+    log(ttable + "\n")
+    (out_dir / "results.md").write_text(md)
+    (out_dir / "results.json").write_text(json.dumps(R, indent=2, default=str) + "\n")
+    svg = chart_svg(R)
+    (out_dir / "chart.svg").write_text(svg)
+    if out_dir != BENCH:
+        (BENCH / "chart.svg").write_text(svg)
+    log(f"wrote {out_dir}/results.md, results.json, chart.svg; copied chart.svg to "
+        f"{BENCH / 'chart.svg'} ({R['elapsed_s'] / 60:.1f} min)")
+    if b.failures:
+        log("\nFAIL: " + "\n      ".join(b.failures))
+        return 1
+    log("all checks OK")
+    return 0
+
+
+def measure(b: Bench) -> int:
+    machine_and_disk(b)
+    prepare_databases(b)
+    log("\n== nginx (HTTP ceiling)")
+    b.R["anchors"]["nginx"] = nginx_anchor(b.work, b.s.seconds)
+    measure_sqlite(b)
+    measure_postgres(b)
+    return write_report(b)
+
+
+def clean_up(b: Bench) -> None:
+    """Stops every process the run started, drops its database, deletes the SQLite file."""
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_IGN)
+    PROCS.stop_all()
+    try:
+        b.pg.drop()
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+        log(f"bench: could not drop database {b.s.pg_db}: {e}")
+    if not b.s.keep:
+        b.sq.remove()
+
+
+def main() -> int:
+    s = settings()
+    work = make_work_dir(s.out_dir)
+    b = Bench(s, plan_ids(s.seconds), work)
+    # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. from `&`).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    try:
+        return measure(b)
+    except (KeyboardInterrupt, Interrupted) as e:
+        log(f"\nbench: interrupted ({str(e) or 'SIGINT'}); cleaning up")
+        return 130
+    except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
+        log(f"\nbench: error: {e}\n(logs in {work})")
+        return 2
+    finally:
+        clean_up(b)
