@@ -25,7 +25,10 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::{error::ApiError, request_id::RequestId};
+use super::{
+    error::ApiError,
+    request_id::{self, RequestId},
+};
 use head::{HeadScanner, Verdict};
 
 /// How long a refused client may go on sending before its connection is dropped: long
@@ -116,7 +119,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
         let request_id = RequestId::generate();
         tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
         self.refusal = Some(Refusal {
-            answer: error.to_http1(&request_id),
+            answer: http1_answer(&error, &request_id),
             written: 0,
             shut: false,
             linger: Box::pin(tokio::time::sleep(LINGER)),
@@ -261,4 +264,26 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
+}
+
+/// The same answer as the error's response, as HTTP/1.1 bytes to write straight to the
+/// client connection from below hyper, which is closed after it.
+fn http1_answer(error: &ApiError, request_id: &RequestId) -> Vec<u8> {
+    let response = error.as_response();
+    let body = error.json();
+    let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
+    for (name, value) in response.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let rest = format!(
+        "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        request_id::HEADER,
+        body.len()
+    );
+    out.extend_from_slice(rest.as_bytes());
+    out.extend_from_slice(&body);
+    out
 }

@@ -1,5 +1,8 @@
 //! The service's one HTTP error type, and the only place errors become responses: each
-//! variant's status, message and header stand together in `ApiError::answer`.
+//! variant's status, message and header stand together in `ApiError::answer`; what the
+//! OpenAPI document says of them is in `openapi.rs`.
+
+mod openapi;
 
 use plantstore_store::StoreError;
 use poem::{
@@ -8,13 +11,11 @@ use poem::{
     http::{HeaderName, HeaderValue, StatusCode},
 };
 use poem_openapi::{
-    ApiResponse, Object,
+    Object,
     error::{AuthorizationError, ParsePathError},
-    registry::{MetaHeader, MetaMediaType, MetaResponse, MetaResponses, Registry},
-    types::Type,
 };
 
-use super::{idempotency_key, request_id};
+use super::idempotency_key;
 use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
 /// What the service answers to a client's mistake or its own failure.
@@ -77,11 +78,11 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
 /// An error's whole answer but the body's framing: status, sentence, and the one header
 /// some statuses need.
-struct Answer {
+pub(super) struct Answer {
     status: StatusCode,
     message: String,
     /// Named as the OpenAPI document spells it.
-    header: Option<(&'static str, HeaderValue)>,
+    pub(super) header: Option<(&'static str, HeaderValue)>,
 }
 
 impl Answer {
@@ -106,7 +107,7 @@ impl Answer {
 impl ApiError {
     /// The table: what each variant answers. Responses, the OpenAPI document's statuses,
     /// headers and examples are all read from here.
-    fn answer(&self) -> Answer {
+    pub(super) fn answer(&self) -> Answer {
         use StatusCode as S;
         match self {
             ApiError::InvalidPlantId => Answer::new(
@@ -214,60 +215,6 @@ impl ApiError {
         }
     }
 
-    /// The statuses the operation documents, each with a typical variant (its example
-    /// body, and the header it carries) and what the document says of the status.
-    fn documented() -> [(ApiError, &'static str); 10] {
-        [
-            (
-                ApiError::InvalidPlantId,
-                "The id is not a base-10 int64, or the Idempotency-Key header is not a valid key",
-            ),
-            (
-                ApiError::Unauthorized(AuthFailure::Unknown),
-                "No, malformed, unknown, expired or revoked token",
-            ),
-            (
-                ApiError::Forbidden,
-                "The token is valid but not allowed to delete plants",
-            ),
-            (ApiError::PlantNotFound(42), "No plant with that id"),
-            (
-                ApiError::MethodNotAllowed { allow: "DELETE" },
-                "Method not allowed on this path",
-            ),
-            (
-                ApiError::PlantReferenced(42),
-                "The plant is still referenced by another table; nothing was deleted",
-            ),
-            (
-                ApiError::IdempotencyKeyReused {
-                    earlier: 41,
-                    plant: 42,
-                },
-                "The caller's Idempotency-Key already deleted another plant; nothing was deleted",
-            ),
-            (
-                ApiError::RateLimited {
-                    retry_after_secs: 1,
-                },
-                "Too many requests with this token",
-            ),
-            (ApiError::Internal, "Unexpected error"),
-            (
-                ApiError::Unavailable,
-                "The database is unreachable, busy or taking no writes, the identity provider's keys cannot be read, or the request passed its deadline",
-            ),
-        ]
-    }
-
-    /// A typical error of each documented status, for the OpenAPI document's examples.
-    pub(super) fn example_of(status: u16) -> Option<Self> {
-        Self::documented()
-            .into_iter()
-            .map(|(example, _)| example)
-            .find(|example| example.status().as_u16() == status)
-    }
-
     /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
     /// `token_sent` and `allow` (the methods of the request's path) describe the request,
     /// for the headers the answer needs.
@@ -306,30 +253,9 @@ impl ApiError {
         }
     }
 
-    fn json(&self) -> Vec<u8> {
+    /// The body as JSON bytes, as `as_response` sends it.
+    pub(super) fn json(&self) -> Vec<u8> {
         serde_json::to_vec(&self.body()).unwrap_or_default()
-    }
-
-    /// The same answer as `as_response`, as HTTP/1.1 bytes to write straight to a client
-    /// connection from below hyper (see `connections`), which is closed after it.
-    pub(super) fn to_http1(&self, request_id: &request_id::RequestId) -> Vec<u8> {
-        let response = self.as_response();
-        let body = self.json();
-        let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
-        for (name, value) in response.headers() {
-            out.extend_from_slice(name.as_str().as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value.as_bytes());
-            out.extend_from_slice(b"\r\n");
-        }
-        let rest = format!(
-            "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-            request_id::HEADER,
-            body.len()
-        );
-        out.extend_from_slice(rest.as_bytes());
-        out.extend_from_slice(&body);
-        out
     }
 }
 
@@ -396,41 +322,5 @@ impl From<RateLimited> for ApiError {
 impl From<idempotency_key::InvalidKey> for ApiError {
     fn from(_: idempotency_key::InvalidKey) -> Self {
         ApiError::InvalidIdempotencyKey
-    }
-}
-
-/// Documents every error status of an operation, each with the `Error` schema, so the
-/// OpenAPI document lists what the service can really answer.
-impl ApiResponse for ApiError {
-    fn meta() -> MetaResponses {
-        let responses = Self::documented()
-            .into_iter()
-            .map(|(example, description)| MetaResponse {
-                description,
-                status: Some(example.status().as_u16()),
-                status_range: None,
-                content: vec![MetaMediaType {
-                    content_type: "application/json",
-                    schema: ErrorBody::schema_ref(),
-                }],
-                headers: example
-                    .answer()
-                    .header
-                    .map(|(name, _)| MetaHeader {
-                        name: name.to_owned(),
-                        description: None,
-                        required: true,
-                        deprecated: false,
-                        schema: String::schema_ref(),
-                    })
-                    .into_iter()
-                    .collect(),
-            })
-            .collect();
-        MetaResponses { responses }
-    }
-
-    fn register(registry: &mut Registry) {
-        ErrorBody::register(registry);
     }
 }

@@ -1,0 +1,176 @@
+//! Every setting, read once at start from flags, then the environment, then `.env`: the
+//! groups of settings here, each value's type and parser in `values.rs`.
+
+mod values;
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{ArgAction, builder::BoolishValueParser};
+
+pub use values::{
+    AdminListen, Backend, CorsOrigins, DatabaseUrl, LogFormat, RateLimit, Secret, parse_duration,
+};
+
+/// The settings every command reads: the database, how to reach it, how to log. Each
+/// flag also reads the environment variable it names, and may come before or after the
+/// command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Config {
+    /// Which database: sqlite://FILE?mode=rwc, or postgres://USER:PASSWORD@HOST/DATABASE
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://plantstore.db?mode=rwc",
+        hide_env_values = true,
+        hide_default_value = true,
+        global = true
+    )]
+    pub database_url: DatabaseUrl,
+
+    /// Apply migrations at start (false: only check that the schema is there)
+    #[arg(long, env = "PLANTSTORE_MIGRATE", default_value_t = true, action = ArgAction::Set,
+          value_parser = BoolishValueParser::new(), global = true)]
+    pub migrate: bool,
+
+    /// Tracing filter, such as `info` or `plantstore=debug`
+    #[arg(long = "log", env = "RUST_LOG", default_value = "info", global = true)]
+    pub log_filter: String,
+
+    /// Log line format
+    #[arg(long, env = "PLANTSTORE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+
+    /// Longest wait for a database connection before answering 503
+    #[arg(long, env = "PLANTSTORE_DB_ACQUIRE_TIMEOUT", default_value = "3s",
+          value_parser = parse_duration, global = true)]
+    pub db_acquire_timeout: Duration,
+
+    /// Most database connections this instance opens
+    #[arg(long, env = "PLANTSTORE_DB_MAX_CONNECTIONS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..), global = true)]
+    pub db_max_connections: u32,
+
+    #[command(flatten)]
+    pub serve: ServeConfig,
+}
+
+/// The settings only the server reads, given to `serve` (or with no command at all).
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Server options")]
+pub struct ServeConfig {
+    /// Address to serve on
+    #[arg(long, env = "PLANTSTORE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// One deadline per request, covering queueing, getting a connection, waiting for a
+    /// row lock and the statement; past it the answer is 503
+    #[arg(long, env = "PLANTSTORE_REQUEST_TIMEOUT", default_value = "5s",
+          value_parser = parse_duration)]
+    pub request_timeout: Duration,
+
+    /// Closes a client connection that sent nothing for this long while the server waited
+    /// for it (an idle keep-alive, or a request header that stopped halfway)
+    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest a request's headers may take to arrive, counted from the connection's start
+    /// or the request's first byte; past it the answer is 408 and the connection closes
+    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// Most client connections open at once; past it, new ones wait until one closes
+    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// How long in-flight requests may finish after SIGTERM or Ctrl-C
+    #[arg(long, env = "PLANTSTORE_SHUTDOWN_GRACE", default_value = "10s",
+          value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+
+    #[command(flatten)]
+    pub jwt: JwtConfig,
+
+    /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
+    /// store spans go to its /v1/traces (unset or empty: nothing is exported)
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
+    #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
+    pub rate_limit: RateLimit,
+
+    /// How long after a delete a retry with the same Idempotency-Key from the same caller
+    /// is answered 204 again (Idempotent-Replayed: true) instead of 404
+    #[arg(long, env = "PLANTSTORE_IDEMPOTENCY_TTL", default_value = "24h",
+          value_parser = parse_duration)]
+    pub idempotency_ttl: Duration,
+
+    /// Origins whose web pages may call the service from a browser: `*`, or a comma list
+    /// such as https://shop.example,http://localhost:3000 (`off`, empty or unset: none)
+    #[arg(long, env = "PLANTSTORE_CORS_ALLOWED_ORIGINS", default_value = "off")]
+    pub cors_allowed_origins: CorsOrigins,
+
+    /// A second address, such as 127.0.0.1:9090, for /healthz, /readyz and /metrics,
+    /// which then leave the public one (empty or unset: they stay on the public address)
+    #[arg(
+        long,
+        env = "PLANTSTORE_ADMIN_LISTEN",
+        default_value = "",
+        hide_default_value = true
+    )]
+    pub admin_listen: AdminListen,
+}
+
+/// JWT bearer tokens from an identity provider, beside the service's own tokens: one key
+/// source (a shared secret, a public key, or a JWKS URL) and the claims every JWT must
+/// carry. With no key source, only the service's own tokens are accepted.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "JWT options")]
+pub struct JwtConfig {
+    /// HS256 secret: JWTs signed with it are accepted
+    #[arg(long, env = "PLANTSTORE_JWT_SECRET", hide_env_values = true)]
+    pub jwt_secret: Option<Secret>,
+
+    /// Path of a PEM public key (RSA for RS256, P-256 for ES256): JWTs it verifies are accepted
+    #[arg(long, env = "PLANTSTORE_JWT_PUBLIC_KEY")]
+    pub jwt_public_key: Option<std::path::PathBuf>,
+
+    /// JWKS URL of an identity provider: fetched at start, fetched again for an unknown
+    /// key id (at most every 10 s)
+    #[arg(long, env = "PLANTSTORE_JWKS_URL")]
+    pub jwks_url: Option<String>,
+
+    /// The `iss` every JWT must carry
+    #[arg(long, env = "PLANTSTORE_JWT_ISSUER")]
+    pub jwt_issuer: Option<String>,
+
+    /// An `aud` every JWT must carry
+    #[arg(long, env = "PLANTSTORE_JWT_AUDIENCE")]
+    pub jwt_audience: Option<String>,
+
+    /// A scope every JWT must carry (in `scope`, space-separated, or the `scp` array),
+    /// such as plants:delete; without it the answer is 403
+    #[arg(long, env = "PLANTSTORE_JWT_REQUIRED_SCOPE")]
+    pub jwt_required_scope: Option<String>,
+}
+
+impl JwtConfig {
+    /// The settings with every empty value taken as unset.
+    pub fn without_empty_values(&self) -> Self {
+        let text = |value: &Option<String>| value.clone().filter(|v| !v.trim().is_empty());
+        Self {
+            jwt_secret: self.jwt_secret.clone().filter(|s| !s.expose().is_empty()),
+            jwt_public_key: self
+                .jwt_public_key
+                .clone()
+                .filter(|path| !path.as_os_str().is_empty()),
+            jwks_url: text(&self.jwks_url),
+            jwt_issuer: text(&self.jwt_issuer),
+            jwt_audience: text(&self.jwt_audience),
+            jwt_required_scope: text(&self.jwt_required_scope),
+        }
+    }
+}
