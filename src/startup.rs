@@ -26,6 +26,8 @@ pub struct Application {
     state: AppState,
     initial_token: Option<String>,
     shutdown_grace: Duration,
+    /// `PLANTSTORE_SHUTDOWN_DELAY`: how long to drain before the servers stop.
+    shutdown_delay: Duration,
     client_limits: ClientLimits,
 }
 
@@ -64,6 +66,7 @@ impl Application {
             state,
             initial_token,
             shutdown_grace: config.serve.shutdown_grace,
+            shutdown_delay: config.serve.shutdown_delay,
             client_limits: ClientLimits {
                 max_open: config.serve.max_connections as usize,
                 idle_timeout: config.serve.idle_timeout,
@@ -87,14 +90,17 @@ impl Application {
         self.initial_token.as_deref()
     }
 
-    /// Serves until `shutdown` resolves, lets in-flight requests finish within the grace
-    /// period, then closes the database pool. With an admin listener, both servers stop
-    /// together.
+    /// Serves until `shutdown` resolves; then drains for the shutdown delay (`/readyz`
+    /// answers 503, requests are still served, each answer closing its connection), stops
+    /// accepting, lets in-flight requests finish within the grace period, and closes the
+    /// database pool. With an admin listener, both servers stop together.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()>,
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
+        let draining = self.state.draining.clone();
+        let delay = self.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
         let (stop, stopped) = watch::channel(false);
         let when_stopped = || {
@@ -124,8 +130,20 @@ impl Application {
             // Only a listener that failed ends a server before the signal.
             served = &mut servers => served,
             () = shutdown => {
-                let _ = stop.send(true);
-                servers.await
+                draining.start();
+                if !delay.is_zero() {
+                    tracing::info!(
+                        delay_ms = delay.as_millis() as u64,
+                        "draining: /readyz answers 503 while requests are still served"
+                    );
+                }
+                tokio::select! {
+                    served = &mut servers => served,
+                    () = tokio::time::sleep(delay) => {
+                        let _ = stop.send(true);
+                        servers.await
+                    }
+                }
             }
         };
         upkeep.abort();

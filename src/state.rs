@@ -1,6 +1,12 @@
 //! What every request handler may reach; it depends on nothing of the HTTP layer above it.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
 
 use plantstore_store::Store;
 
@@ -19,6 +25,22 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// JWTs from an identity provider, when the settings name one.
     pub jwt: Option<Arc<JwtVerifier>>,
+    pub draining: Draining,
+}
+
+/// Set once a shutdown is asked for: the instance still serves, but tells load balancers
+/// and clients to go elsewhere (`PLANTSTORE_SHUTDOWN_DELAY`).
+#[derive(Debug, Clone, Default)]
+pub struct Draining(Arc<AtomicBool>);
+
+impl Draining {
+    pub fn start(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
 }
 
 impl AppState {
@@ -36,6 +58,7 @@ impl AppState {
             request_timeout,
             metrics,
             jwt: None,
+            draining: Draining::default(),
         }
     }
 

@@ -90,6 +90,12 @@ pub struct ServeConfig {
           value_parser = parse_duration)]
     pub shutdown_grace: Duration,
 
+    /// After SIGTERM or Ctrl-C, go on serving this long while /readyz answers 503 and every
+    /// answer closes its connection, so a load balancer drains the instance first
+    #[arg(long, env = "PLANTSTORE_SHUTDOWN_DELAY", default_value = "0s",
+          value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
     #[command(flatten)]
     pub jwt: JwtConfig,
 

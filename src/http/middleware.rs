@@ -143,9 +143,32 @@ impl RequestFacts {
 }
 
 /// `PLANTSTORE_REQUEST_TIMEOUT`: past it, the request's work is dropped and the answer is
-/// a 503. Dropping it withdraws a delete still queued for its batch; one already in a
-/// commit may still be committed, and then the audit table has it.
+/// a 503. Dropping it withdraws a delete still queued for its batch, and the store bounds
+/// every database wait by the same instant (`RequestDeadline`); only a commit already sent
+/// when it falls may still land, and then the audit table has it.
 pub(super) struct Deadline(pub Duration);
+
+/// The instant a request is answered 503 unless answered before; handlers read it from the
+/// request's extensions and hand it to the store.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RequestDeadline(pub tokio::time::Instant);
+
+impl RequestDeadline {
+    /// The request's deadline; `limit` from now if no `Deadline` layer set one.
+    pub(super) fn of(request: &Request, limit: Duration) -> tokio::time::Instant {
+        request
+            .extensions()
+            .get::<RequestDeadline>()
+            .map_or_else(|| deadline_after(limit), |deadline| deadline.0)
+    }
+}
+
+/// `limit` from now; a limit too large to add is as good as none (a year).
+fn deadline_after(limit: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(limit)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
 
 impl<E: Endpoint> Middleware<E> for Deadline {
     type Output = DeadlineEndpoint<E>;
@@ -166,8 +189,10 @@ pub(super) struct DeadlineEndpoint<E> {
 impl<E: Endpoint> Endpoint for DeadlineEndpoint<E> {
     type Output = E::Output;
 
-    async fn call(&self, req: Request) -> Result<Self::Output> {
-        match tokio::time::timeout(self.limit, self.inner.call(req)).await {
+    async fn call(&self, mut req: Request) -> Result<Self::Output> {
+        let deadline = RequestDeadline(deadline_after(self.limit));
+        req.extensions_mut().insert(deadline);
+        match tokio::time::timeout_at(deadline.0, self.inner.call(req)).await {
             Ok(answer) => answer,
             Err(_elapsed) => {
                 tracing::warn!(

@@ -5,6 +5,7 @@ mod bearer;
 mod connections;
 mod cors;
 mod document;
+mod drain;
 mod error;
 pub mod idempotency_key;
 mod middleware;
@@ -26,6 +27,7 @@ pub use document::{DocumentError, Documents, document, yaml};
 use crate::{config::CorsOrigins, state::AppState, telemetry::Metrics};
 use connections::CappedAcceptor;
 use cors::CrossOrigin;
+use drain::CloseWhileDraining;
 use error::ApiError;
 use middleware::{Deadline, ErrorShape, RequestContext};
 
@@ -51,22 +53,26 @@ pub fn build(state: AppState, options: &HttpOptions) -> impl Endpoint<Output = R
         .nest("/", document::service())
         .around(document::root_to_docs);
     let metrics = Arc::clone(&state.metrics);
+    let draining = state.draining.clone();
     with_middleware(
         routes.data(state).with(Deadline(deadline)),
         metrics,
         options.cors.clone(),
     )
+    .with(CloseWhileDraining(draining))
 }
 
 /// The app of `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints alone, in the same layers.
 pub fn build_admin(state: AppState) -> impl Endpoint<Output = Response> {
     let deadline = state.request_timeout;
     let metrics = Arc::clone(&state.metrics);
+    let draining = state.draining.clone();
     with_middleware(
         with_ops(Route::new()).data(state).with(Deadline(deadline)),
         metrics,
         CorsOrigins::Off,
     )
+    .with(CloseWhileDraining(draining))
 }
 
 fn with_ops(routes: Route) -> Route {

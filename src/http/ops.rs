@@ -15,10 +15,14 @@ pub(crate) fn healthz() -> Json<Value> {
     Json(json!({ "status": "ok" }))
 }
 
-/// 200 when the database answers, else 503 with an `Error` body.
+/// 200 when the database answers, else 503 with an `Error` body; 503 from the moment a
+/// shutdown is asked for, so a load balancer stops sending here while requests still finish.
 #[handler]
 #[tracing::instrument(skip_all)]
 pub(crate) async fn readyz(state: Data<&AppState>) -> poem::Result<Json<Value>> {
+    if state.draining.is_on() {
+        return Err(ApiError::ShuttingDown.into());
+    }
     state.store.ping().await.map_err(ApiError::from)?;
     Ok(Json(json!({ "status": "ready" })))
 }

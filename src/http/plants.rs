@@ -10,7 +10,10 @@ use poem_openapi::{
     param::{Header, Path},
 };
 
-use super::{bearer::BearerAuth, error::ApiError, idempotency_key, request_id::RequestId};
+use super::{
+    bearer::BearerAuth, error::ApiError, idempotency_key, middleware::RequestDeadline,
+    request_id::RequestId,
+};
 use crate::state::AppState;
 
 pub(super) struct PlantsApi;
@@ -60,6 +63,7 @@ impl PlantsApi {
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
             idempotency_key,
+            deadline: RequestDeadline::of(request, state.request_timeout),
         };
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {

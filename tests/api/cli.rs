@@ -137,7 +137,7 @@ async fn commands_on_postgres_print_no_migration_notices() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 11] = [
+    let cases: [(&str, &str, &str, &str); 13] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -145,6 +145,12 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "",
         ),
         ("DATABASE_URL", "plantstore.db", "not a URL", ""),
+        (
+            "DATABASE_URL",
+            "postgres://app:hunter2@db1:5432,db2:99999/plants?target_session_attrs=read-write",
+            "host 2 has an invalid port number",
+            "hunter2",
+        ),
         (
             "DATABASE_URL",
             "postgres://app:hunter2@127.0.0.1:1/plants",
@@ -159,6 +165,7 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
         ),
         ("PLANTSTORE_LISTEN", "not-an-address", "invalid value", ""),
         ("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "soon", "invalid value", ""),
+        ("PLANTSTORE_SHUTDOWN_DELAY", "-2s", "invalid value", ""),
         ("PLANTSTORE_MIGRATE", "false", "plants.id", ""),
         (
             "PLANTSTORE_JWT_SECRET",
@@ -304,6 +311,75 @@ async fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
         .await
         .expect("count");
     assert_eq!(left, 0);
+}
+
+/// `PLANTSTORE_SHUTDOWN_DELAY`: after SIGTERM the instance says it is not ready at once,
+/// yet goes on serving for the delay, each answer closing its connection, so a load
+/// balancer drains it before it stops accepting; then it exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_shutdown_delay_drains_before_stopping() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let mut command = plantstore(dir.path(), &url);
+    command.env("PLANTSTORE_SHUTDOWN_DELAY", "1500ms");
+    let (mut child, banner, base) = serve_with(command, dir.path());
+    let token = banner
+        .iter()
+        .find(|l| l.starts_with("pst_"))
+        .expect("the initial token is printed")
+        .clone();
+    let pool = SqlitePool::connect(&url).await.expect("open");
+    pool.execute("INSERT INTO plants (id, name) VALUES (1, 'fern'), (2, 'moss')")
+        .await
+        .expect("insert");
+    let client = crate::helpers::http_client();
+    let delete = |id: i64| {
+        client
+            .delete(format!("{base}/plants/{id}"))
+            .bearer_auth(&token)
+            .send()
+    };
+    let before = delete(1).await.expect("answer");
+    assert_eq!(before.status(), StatusCode::NO_CONTENT);
+    assert!(before.headers().get("connection").is_none(), "kept alive");
+    let ready = client.get(format!("{base}/readyz")).send().await;
+    assert_eq!(ready.expect("answer").status(), StatusCode::OK);
+
+    let sent = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let signalled = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let ready = client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .expect("still answering");
+    assert!(ready.headers().contains_key("retry-after"));
+    assert_eq!(ready.headers()["connection"], "close");
+    crate::helpers::assert_error(ready, StatusCode::SERVICE_UNAVAILABLE).await;
+    let during = delete(2).await.expect("still serving");
+    assert_eq!(during.status(), StatusCode::NO_CONTENT);
+    assert_eq!(during.headers()["connection"], "close");
+
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert_eq!(status.code(), Some(0));
+    assert!(
+        signalled.elapsed() >= Duration::from_millis(1500),
+        "served for the whole delay, stopped after {:?}",
+        signalled.elapsed()
+    );
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM plants")
+        .fetch_one(&pool)
+        .await
+        .expect("count");
+    assert_eq!(left, 0, "both deletes committed");
 }
 
 #[test]

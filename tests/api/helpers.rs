@@ -249,6 +249,7 @@ pub fn test_config(database_url: &str) -> Config {
         serve: ServeConfig {
             listen: "127.0.0.1:0".parse().expect("address"),
             shutdown_grace: Duration::from_secs(1),
+            shutdown_delay: Duration::ZERO,
             request_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             header_timeout: Duration::from_secs(10),

@@ -14,6 +14,7 @@ mod cors;
 mod delete;
 mod deletion_log;
 mod existing_database;
+mod failover;
 mod group_commit;
 mod idempotency;
 mod image;

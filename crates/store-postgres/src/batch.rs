@@ -4,9 +4,13 @@
 use std::{collections::HashMap, sync::Arc};
 
 use plantstore_store::{Deletion, Findings, Outcome, StoreError};
-use sqlx::{Acquire, PgConnection};
+use sqlx::{Acquire, Executor, PgConnection};
+use tokio::time::Instant;
 
-use crate::errors::classify;
+use crate::{
+    errors::classify,
+    limits::{may_commit, renew_local},
+};
 
 /// The advisory-lock class of idempotency keys (`pg_advisory_xact_lock(class, hash)`),
 /// so they cannot collide with an owner's own one-number advisory locks.
@@ -47,16 +51,21 @@ struct BatchRow {
 
 /// One batch: one statement, and so one round trip, unless a request carries an
 /// idempotency key; then the keys are locked first, in the same transaction.
-/// `idempotency_ttl`: the replay window in seconds.
+/// `idempotency_ttl`: the replay window in seconds. `deadline`: the batch's earliest; the
+/// session's limits bound each statement by it, and after waiting for keys the statement
+/// gets only what is left.
 pub(crate) async fn run(
     conn: &mut PgConnection,
     batch: &[Deletion],
     idempotency_ttl: f64,
+    deadline: Instant,
 ) -> Result<Vec<Outcome>, StoreError> {
     let row = if batch.iter().any(|d| d.idempotency_key.is_some()) {
         let mut tx = conn.begin().await.map_err(classify)?;
         lock_keys(&mut tx, batch).await?;
+        tx.execute(renew_local(deadline)?).await.map_err(classify)?;
         let row = statement(&mut tx, batch, idempotency_ttl).await?;
+        may_commit(deadline)?;
         tx.commit().await.map_err(classify)?;
         row
     } else {

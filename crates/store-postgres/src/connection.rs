@@ -1,44 +1,55 @@
 //! Connecting: the URL's options, the pool and its tuning, and getting a connection.
 
-use std::str::FromStr;
+use std::sync::Arc;
 
-use plantstore_store::{StoreError, StoreSettings, probe};
+use plantstore_store::{StoreError, StoreSettings};
 use sqlx::{
     Postgres,
     pool::PoolConnection,
-    postgres::{PgConnectOptions, PgPool, PgPoolOptions},
+    postgres::{PgPool, PgPoolOptions},
 };
 
-use crate::errors::{classify, unavailable};
+use crate::{
+    errors::{classify, unavailable},
+    failover::{Failover, fits},
+    hosts::HostList,
+};
 
-/// Opens the pool and one connection, so a wrong host or password fails at start.
-pub(crate) async fn open_pool(url: &str, settings: StoreSettings) -> Result<PgPool, StoreError> {
-    let options = PgConnectOptions::from_str(url)
-        .map_err(|err| {
-            StoreError::Config(format!(
-                "DATABASE_URL is not a usable PostgreSQL URL: {err}"
-            ))
-        })?
-        .application_name("plantstore")
-        // A delete blocked on a row another session holds gives up as a 503 after the
-        // same wait as for a connection, instead of holding its connection forever.
-        .options([(
-            "lock_timeout",
-            format!("{}ms", settings.acquire_timeout.as_millis()),
-        )]);
-    probe(&options, settings.acquire_timeout)
-        .await
-        .map_err(classify)?;
-    PgPoolOptions::new()
+/// Opens the pool and one connection, so a wrong host or password fails at start. With
+/// several hosts, the first in order that satisfies `target_session_attrs` is used.
+pub(crate) async fn open_pool(
+    url: &str,
+    settings: StoreSettings,
+) -> Result<(PgPool, Arc<Failover>), StoreError> {
+    let list = HostList::parse(url).map_err(|err| {
+        StoreError::Config(format!(
+            "DATABASE_URL is not a usable PostgreSQL URL: {err}"
+        ))
+    })?;
+    // Lock and statement limits come from each request's deadline (`limits`).
+    let failover = Arc::new(Failover::new(list, settings.acquire_timeout, |options| {
+        options.application_name("plantstore")
+    }));
+    let (index, options) = failover.find().await?;
+    let attrs = failover.attrs();
+    let pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
         // A dead connection fails its statement and is dropped; a ping before every
         // use would add a round trip to each request to find that out sooner.
         .test_before_acquire(false)
-        .after_connect(|conn, _meta| Box::pin(prefer_generic_plans(conn)))
+        .after_connect(move |conn, _meta| {
+            Box::pin(async move {
+                // A server demoted since the host was chosen is not used.
+                fits(conn, attrs).await?;
+                prefer_generic_plans(conn).await
+            })
+        })
         .connect_with(options)
         .await
-        .map_err(classify)
+        .map_err(classify)?;
+    failover.steer(pool.clone(), index);
+    Ok((pool, failover))
 }
 
 /// A connection from the pool; failing to get one means the database is unavailable.

@@ -5,6 +5,9 @@ mod batch;
 mod connection;
 mod deletion_log;
 mod errors;
+mod failover;
+mod hosts;
+mod limits;
 mod schema;
 mod seed;
 mod tokens;
@@ -22,6 +25,7 @@ use sqlx::postgres::PgPool;
 
 use connection::connection;
 use errors::classify;
+use failover::Failover;
 use writer::PgWriter;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
@@ -38,6 +42,8 @@ pub struct PostgresStore {
     pool: PgPool,
     writer: Arc<PgWriter>,
     batcher: Batcher,
+    /// Where new connections go when the URL names several hosts.
+    failover: Arc<Failover>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -52,7 +58,7 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
-        let pool = connection::open_pool(url, settings).await?;
+        let (pool, failover) = connection::open_pool(url, settings).await?;
         let lanes = batch_lanes(settings.max_connections);
         // Deletions waiting alone for a held row may take only the connections the batch
         // lanes do not need.
@@ -63,13 +69,38 @@ impl PostgresStore {
             pool.clone(),
             settings.idempotency_ttl.as_secs_f64(),
             alone,
+            Arc::clone(&failover),
         ));
         let batcher = Batcher::start(Arc::clone(&writer) as Arc<dyn BatchWriter>, lanes);
         Ok(Self {
             pool,
             writer,
             batcher,
+            failover,
         })
+    }
+}
+
+/// Ready means able to delete: a server that takes no writes is not.
+/// A connection that fails it, or finds the server read-only, is closed rather than reused.
+async fn ping(pool: &PgPool) -> Result<(), StoreError> {
+    let mut conn = connection(pool).await?;
+    let read_only = sqlx::query_scalar!(
+        r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(classify);
+    match read_only.map(|rows| rows.first().copied().unwrap_or(true)) {
+        Ok(false) => Ok(()),
+        Ok(true) => {
+            conn.close_on_drop();
+            Err(StoreError::ReadOnly)
+        }
+        Err(err) => {
+            conn.close_on_drop();
+            Err(err)
+        }
     }
 }
 
@@ -86,17 +117,7 @@ impl Store for PostgresStore {
 
     #[tracing::instrument(skip(self))]
     async fn ping(&self) -> Result<(), StoreError> {
-        // Ready means able to delete: a server that takes no writes is not.
-        let read_only = sqlx::query_scalar!(
-            r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
-        )
-        .fetch_all(&mut *connection(&self.pool).await?)
-        .await
-        .map_err(classify)?;
-        if read_only.first().copied().unwrap_or(true) {
-            return Err(StoreError::ReadOnly);
-        }
-        Ok(())
+        self.failover.watch(ping(&self.pool).await)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]

@@ -10,7 +10,8 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Deletion, Findings, Outcome, StoreError, before_now, sole_outcome,
+    BatchWriter, Deletion, Findings, Outcome, StoreError, before_now, earliest, remaining,
+    sole_outcome,
 };
 use sqlx::{Connection, SqliteConnection};
 
@@ -40,7 +41,7 @@ impl SqliteWriter {
 impl BatchWriter for SqliteWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
-        let mut writer = self.connection.lock().await?;
+        let mut writer = self.connection.lock_by(earliest(batch)?).await?;
         let conn = writer.conn()?;
         let columns = self
             .columns
@@ -48,11 +49,14 @@ impl BatchWriter for SqliteWriter {
             .await?;
         // The replay window of idempotency keys opens this long ago.
         let since = before_now(self.idempotency_ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
-        let committed = commit_batch(conn, columns, since, batch).await;
-        if committed.is_err() {
-            writer.discard().await;
+        match commit_batch(conn, columns, since, batch).await {
+            Ok(outcomes) => Ok(outcomes),
+            Err(err) => {
+                let err = writer.explain(err);
+                writer.discard().await;
+                Err(err)
+            }
         }
-        committed
     }
 
     /// SQLite has no row locks to wait for: one deletion alone is a batch of one.
@@ -126,6 +130,8 @@ async fn commit_batch(
         .map_err(classify)?;
     }
     // Deferred foreign keys are checked here; `classify` still reports them by kind.
+    // Past the batch's deadline a request of it has been answered 503: roll back (drop).
+    remaining(earliest(batch)?)?;
     tx.commit().await.map_err(classify)?;
     Ok(outcomes)
 }

@@ -32,3 +32,15 @@ pub(crate) fn classify(err: sqlx::Error) -> StoreError {
         )
     })
 }
+
+/// Whether another connection's write lock outlasted the busy wait.
+pub(crate) fn is_busy(err: &StoreError) -> bool {
+    let StoreError::Unavailable(cause) = err else {
+        return false;
+    };
+    cause
+        .as_database_error()
+        .and_then(|db| db.code())
+        .and_then(|code| code.parse::<i32>().ok())
+        .is_some_and(|code| code & 0xff == SQLITE_BUSY)
+}

@@ -75,7 +75,7 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(classify)?;
-        let writer = Arc::new(WriteConnection::new(write_pool));
+        let writer = Arc::new(WriteConnection::new(write_pool, settings.acquire_timeout));
         let batcher = Batcher::start(
             Arc::new(SqliteWriter::new(
                 Arc::clone(&writer),

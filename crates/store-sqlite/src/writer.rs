@@ -1,10 +1,20 @@
 //! The one connection this process writes with, and holding it.
 
-use plantstore_store::{KeptConnections, StoreError};
-use sqlx::{Sqlite, SqliteConnection, SqlitePool, pool::PoolConnection};
-use tokio::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
-use crate::{MIGRATOR, errors::classify};
+use plantstore_store::{KeptConnections, LimitedConnection, StoreError, remaining, wait_until};
+use sqlx::{AssertSqlSafe, Executor, Sqlite, SqliteConnection, SqlitePool, pool::PoolConnection};
+use tokio::{
+    sync::{Mutex, MutexGuard},
+    time::Instant,
+};
+
+use crate::{
+    MIGRATOR,
+    errors::{classify, is_busy},
+};
+
+type KeptWriter = LimitedConnection<PoolConnection<Sqlite>>;
 
 /// The one connection this process writes with: its own writes never wait on each
 /// other's locks, and the group commit shares its syncs. It is kept rather than returned
@@ -12,32 +22,58 @@ use crate::{MIGRATOR, errors::classify};
 #[derive(Debug)]
 pub(crate) struct WriteConnection {
     pool: SqlitePool,
-    kept: KeptConnections<PoolConnection<Sqlite>>,
+    kept: KeptConnections<KeptWriter>,
     /// Whoever holds it holds this process's write access.
     turn: Mutex<()>,
+    /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`: the longest wait for another process's write lock.
+    busy_wait: Duration,
 }
 
 impl WriteConnection {
     /// `pool` holds one connection at most.
-    pub(crate) fn new(pool: SqlitePool) -> Self {
+    pub(crate) fn new(pool: SqlitePool, busy_wait: Duration) -> Self {
         Self {
             pool,
             kept: KeptConnections::default(),
             turn: Mutex::new(()),
+            busy_wait,
         }
     }
 
-    /// Waits for the writer.
+    /// Waits for the writer, for a command: as long as for another process's write lock.
     pub(crate) async fn lock(&self) -> Result<Writer<'_>, StoreError> {
-        let turn = self.turn.lock().await;
-        let conn = match self.kept.take() {
-            Some(conn) => conn,
-            None => self.pool.acquire().await.map_err(classify)?,
+        self.lock_by(Instant::now() + self.busy_wait).await
+    }
+
+    /// Waits for the writer, by `deadline`; its busy wait for another process's write
+    /// lock then ends by `deadline` too, so a batch never begins after its request was
+    /// answered.
+    pub(crate) async fn lock_by(&self, deadline: Instant) -> Result<Writer<'_>, StoreError> {
+        let turn = wait_until(deadline, async { Ok(self.turn.lock().await) }).await?;
+        let mut kept = match self.kept.take() {
+            Some(kept) => kept,
+            None => wait_until(deadline, async {
+                self.pool.acquire().await.map_err(classify)
+            })
+            .await
+            .map(LimitedConnection::new)?,
         };
+        let left = remaining(deadline)?;
+        let allowed = left.min(self.busy_wait);
+        if let Some(limit) = kept.limit.renew(allowed) {
+            kept.conn
+                .execute(AssertSqlSafe(format!(
+                    "PRAGMA busy_timeout = {}",
+                    limit.as_millis()
+                )))
+                .await
+                .map_err(classify)?;
+        }
         Ok(Writer {
             _turn: turn,
-            conn: Some(conn),
+            conn: Some(kept),
             kept: &self.kept,
+            ends_with_deadline: left < self.busy_wait,
         })
     }
 
@@ -62,26 +98,41 @@ impl WriteConnection {
 /// connection was refused.
 pub(crate) struct Writer<'a> {
     _turn: MutexGuard<'a, ()>,
-    conn: Option<PoolConnection<Sqlite>>,
-    kept: &'a KeptConnections<PoolConnection<Sqlite>>,
+    conn: Option<KeptWriter>,
+    kept: &'a KeptConnections<KeptWriter>,
+    /// The busy wait ends with the deadline, not before: a busy error means it passed.
+    ends_with_deadline: bool,
 }
 
 impl Writer<'_> {
+    /// `err` as the caller should see it: a busy wait cut off by the deadline is the
+    /// deadline's error.
+    pub(crate) fn explain(&self, err: StoreError) -> StoreError {
+        if self.ends_with_deadline && is_busy(&err) {
+            StoreError::TimedOut
+        } else {
+            err
+        }
+    }
+
     pub(crate) fn conn(&mut self) -> Result<&mut SqliteConnection, StoreError> {
-        self.conn.as_deref_mut().ok_or(StoreError::Stopped)
+        self.conn
+            .as_mut()
+            .map(|kept| &mut *kept.conn)
+            .ok_or(StoreError::Stopped)
     }
 
     pub(crate) async fn discard(mut self) {
-        if let Some(conn) = self.conn.take() {
-            let _closed = conn.close().await;
+        if let Some(kept) = self.conn.take() {
+            let _closed = kept.conn.close().await;
         }
     }
 }
 
 impl Drop for Writer<'_> {
     fn drop(&mut self) {
-        if let Some(conn) = self.conn.take() {
-            self.kept.keep(conn);
+        if let Some(kept) = self.conn.take() {
+            self.kept.keep(kept);
         }
     }
 }

@@ -10,7 +10,7 @@ use std::{
 use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::{CommitObserver, Deleted, Deletion, StoreError};
+use crate::{CommitObserver, Deleted, Deletion, StoreError, remaining};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
@@ -33,11 +33,16 @@ pub enum Outcome {
 }
 
 /// How one backend commits; the batcher decides what goes into each commit.
+///
+/// Every wait of either method, for a connection, a lock or a statement, ends by the
+/// earliest deadline of its deletions (`earliest`), with `StoreError::TimedOut` or the
+/// database's own timeout error; nothing is sent once it has passed.
 #[async_trait]
 pub trait BatchWriter: Send + Sync + 'static {
     /// Deletes distinct plants and writes their audit rows in one transaction, returning
-    /// one outcome per deletion, in order. No two deletions share an idempotency key. After an error nothing of the batch is
-    /// committed, unless it struck during the commit itself, when nobody can tell.
+    /// one outcome per deletion, in order. No two deletions share an idempotency key.
+    /// After an error nothing of the batch is committed, unless it struck during the
+    /// commit itself, when nobody can tell.
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError>;
 
     /// Deletes one plant in a transaction of its own, waiting for its row if another
@@ -163,7 +168,7 @@ async fn commit(
     let mut repeats: Vec<(usize, Job)> = Vec::new();
     let mut position = HashMap::new();
     let mut key_position = HashMap::new();
-    for job in jobs.filter(|job| !job.reply.is_closed()) {
+    for job in jobs.filter_map(still_waited_for) {
         let key = job
             .deletion
             .idempotency_key
@@ -265,13 +270,26 @@ fn repeat_outcome(first: &Deletion, outcome: Outcome, repeat: &Deletion) -> Opti
     None
 }
 
+/// The job, unless its request is answered already (withdrawn, or its deadline passed):
+/// nothing is deleted for a caller that is no longer waiting.
+fn still_waited_for(job: Job) -> Option<Job> {
+    if job.reply.is_closed() {
+        return None;
+    }
+    if let Err(err) = remaining(job.deletion.deadline) {
+        let _ = job.reply.send(Err(err));
+        return None;
+    }
+    Some(job)
+}
+
 /// Runs a deletion on its own task, so a wait for one row never holds up the lane.
 fn retry_alone(writer: &Arc<dyn BatchWriter>, deletion: Deletion, reply: Reply) {
     let writer = Arc::clone(writer);
     tokio::spawn(async move {
-        if reply.is_closed() {
+        let Some(Job { deletion, reply }) = still_waited_for(Job { deletion, reply }) else {
             return;
-        }
+        };
         let outcome = writer.delete_one(&deletion).await;
         let _ = reply.send(outcome.and_then(answer));
     });

@@ -44,6 +44,11 @@ pub enum StoreError {
     #[error("the database accepts no writes now")]
     ReadOnly,
 
+    /// The request's deadline passed before the database could do its part; nothing was
+    /// sent, or what was sent was cut off before it committed.
+    #[error("the request's deadline passed before the database answered")]
+    TimedOut,
+
     /// The store is shutting down, or a worker of it stopped before answering.
     #[error("the store stopped before answering")]
     Stopped,

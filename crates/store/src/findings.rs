@@ -64,6 +64,7 @@ mod tests {
             caller: Arc::from("t"),
             request_id: String::new(),
             idempotency_key: None,
+            deadline: tokio::time::Instant::now(),
         }
     }
 

@@ -6,12 +6,16 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 mod batcher;
+mod deadline;
 mod error;
 mod findings;
 mod kept;
 mod log;
 
 pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
+pub use deadline::{
+    LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
+};
 pub use error::StoreError;
 pub use findings::{Findings, keyed_outcome};
 pub use kept::KeptConnections;
@@ -30,6 +34,9 @@ pub struct Deletion {
     /// The client's `Idempotency-Key`, the caller's own: a retry with it replays the
     /// first try's 204 instead of deleting again.
     pub idempotency_key: Option<Arc<str>>,
+    /// When the request is answered 503 if it has not been answered yet: no wait of this
+    /// deletion on the database may last past it.
+    pub deadline: tokio::time::Instant,
 }
 
 impl Deletion {

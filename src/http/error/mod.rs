@@ -49,6 +49,9 @@ pub(super) enum ApiError {
     Unavailable,
     #[error("request deadline passed")]
     DeadlineExceeded,
+    /// `/readyz` after SIGTERM, while the instance drains (`PLANTSTORE_SHUTDOWN_DELAY`).
+    #[error("shutting down")]
+    ShuttingDown,
     /// A JWT's key is not known and the identity provider's JWKS cannot be read now.
     #[error("identity provider keys unavailable")]
     KeysUnavailable,
@@ -186,6 +189,11 @@ impl ApiError {
                 "The request did not finish in time; retry in a few seconds.",
             )
             .retry_after(UNAVAILABLE_RETRY_AFTER_SECS),
+            ApiError::ShuttingDown => Answer::new(
+                S::SERVICE_UNAVAILABLE,
+                "This instance is shutting down and takes no new work; send requests to another one.",
+            )
+            .retry_after(UNAVAILABLE_RETRY_AFTER_SECS),
             ApiError::KeysUnavailable => Answer::new(
                 S::SERVICE_UNAVAILABLE,
                 "The identity provider's signing keys cannot be read right now; retry in a few seconds.",
@@ -303,6 +311,7 @@ impl From<StoreError> for ApiError {
                 tracing::warn!("the store stopped before answering");
                 ApiError::Unavailable
             }
+            StoreError::TimedOut => ApiError::DeadlineExceeded,
             other => {
                 tracing::error!(error = %other, "database error");
                 ApiError::Internal

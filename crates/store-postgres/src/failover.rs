@@ -1,0 +1,176 @@
+//! A highly available server named by several hosts: which host new connections go to,
+//! and moving them, without a restart, when it fails or stops taking writes (a failover).
+//!
+//! Hosts are tried in the URL's order and only one that satisfies `target_session_attrs`
+//! is used, as libpq does. Every new connection is checked again (`fits`), so none lands on
+//! a demoted server; when a request finds the database unavailable or read-only, the list
+//! is searched again in the background and the pool told the host it found.
+
+use std::{
+    sync::{
+        Arc, OnceLock,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use plantstore_store::StoreError;
+use sqlx::{
+    ConnectOptions, Connection, PgConnection,
+    postgres::{PgConnectOptions, PgPool},
+};
+
+use crate::hosts::{HostList, SessionAttrs};
+
+/// The least time between two searches, so a burst of failed requests searches once.
+const SEARCH_PAUSE: Duration = Duration::from_millis(200);
+
+pub(crate) struct Failover {
+    list: HostList,
+    /// How long one host may take to accept a connection and answer the check.
+    probe_wait: Duration,
+    /// The pool whose new connections this steers; set once it exists.
+    pool: OnceLock<PgPool>,
+    /// Index in `list` of the host new connections go to.
+    current: AtomicUsize,
+    searching: AtomicBool,
+}
+
+impl Failover {
+    /// `configure` is applied to every host's options (the application name, say).
+    pub(crate) fn new(
+        mut list: HostList,
+        probe_wait: Duration,
+        configure: impl Fn(PgConnectOptions) -> PgConnectOptions,
+    ) -> Self {
+        for host in &mut list.hosts {
+            host.options = configure(host.options.clone());
+        }
+        Self {
+            list,
+            probe_wait,
+            pool: OnceLock::new(),
+            current: AtomicUsize::new(0),
+            searching: AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn attrs(&self) -> SessionAttrs {
+        self.list.attrs
+    }
+
+    /// The first host, in order, that accepts a connection and satisfies the attrs; with
+    /// none, why: one host's own error, or each host of a list with its reason.
+    pub(crate) async fn find(&self) -> Result<(usize, PgConnectOptions), StoreError> {
+        let mut failures = Vec::new();
+        for (index, host) in self.list.hosts.iter().enumerate() {
+            match self.try_host(&host.options).await {
+                Ok(()) => return Ok((index, host.options.clone())),
+                Err(err) => {
+                    tracing::debug!(host = %host.name, error = %err, "host not usable now");
+                    failures.push((host.name.as_str(), err));
+                }
+            }
+        }
+        let cause = match failures.len() {
+            0 | 1 => failures
+                .pop()
+                .map_or(sqlx::Error::PoolTimedOut, |(_, err)| err),
+            _ => sqlx::Error::Io(std::io::Error::other(format!(
+                "no host of the list can be used now: {}",
+                failures
+                    .iter()
+                    .map(|(name, err)| format!("{name}: {err}"))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            ))),
+        };
+        Err(StoreError::Unavailable(Arc::new(cause)))
+    }
+
+    async fn try_host(&self, options: &PgConnectOptions) -> Result<(), sqlx::Error> {
+        let attempt = async {
+            let mut conn = options.connect().await?;
+            let fits = fits(&mut conn, self.list.attrs).await;
+            let _closed = conn.close().await;
+            fits
+        };
+        tokio::time::timeout(self.probe_wait, attempt)
+            .await
+            .unwrap_or(Err(sqlx::Error::PoolTimedOut))
+    }
+
+    /// From now on steers `pool`, whose connections go to host `index`.
+    pub(crate) fn steer(&self, pool: PgPool, index: usize) {
+        self.current.store(index, Ordering::Relaxed);
+        let _ = self.pool.set(pool);
+    }
+
+    /// A request found the database unavailable or read-only: unless a search is under
+    /// way, the list is searched again in the background, and new connections go to the
+    /// host it finds. One host alone has nowhere else to go.
+    pub(crate) fn suspect(self: &Arc<Self>) {
+        if !self.list.is_several() || self.searching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let failover = Arc::clone(self);
+        tokio::spawn(async move {
+            if let (Ok((index, options)), Some(pool)) = (failover.find().await, failover.pool.get())
+            {
+                let before = failover.current.swap(index, Ordering::AcqRel);
+                if before != index {
+                    tracing::warn!(
+                        from = %failover.list.hosts[before].name,
+                        to = %failover.list.hosts[index].name,
+                        "the database moved: new connections go to another host"
+                    );
+                }
+                pool.set_connect_options(options);
+            }
+            tokio::time::sleep(SEARCH_PAUSE).await;
+            failover.searching.store(false, Ordering::Release);
+        });
+    }
+
+    /// Passes `result` on, searching the hosts again when it says the database is
+    /// unavailable or takes no writes.
+    pub(crate) fn watch<T>(
+        self: &Arc<Self>,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        if matches!(
+            result,
+            Err(StoreError::Unavailable(_) | StoreError::ReadOnly)
+        ) {
+            self.suspect();
+        }
+        result
+    }
+}
+
+/// Whether a new connection's server satisfies `attrs`; an error (that the pool drops the
+/// connection for) when it does not.
+pub(crate) async fn fits(conn: &mut PgConnection, attrs: SessionAttrs) -> Result<(), sqlx::Error> {
+    let fits = match attrs {
+        SessionAttrs::Any => return Ok(()),
+        SessionAttrs::ReadWrite => {
+            sqlx::query_scalar!(
+                r#"SELECT current_setting('transaction_read_only') = 'off' AS "fits!""#
+            )
+            .fetch_one(&mut *conn)
+            .await?
+        }
+        SessionAttrs::Primary => {
+            sqlx::query_scalar!(r#"SELECT NOT pg_is_in_recovery() AS "fits!""#)
+                .fetch_one(&mut *conn)
+                .await?
+        }
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(sqlx::Error::Configuration(
+            format!("the server does not satisfy target_session_attrs ({attrs:?})").into(),
+        ))
+    }
+}

@@ -1,0 +1,359 @@
+//! libpq's way of naming a highly available server: several hosts in one URL,
+//! `postgres://app@db1:5432,db2:5432/shop?target_session_attrs=read-write` (what
+//! `pg_autoctl show uri` prints), read into one set of connect options per host. sqlx
+//! reads one host only, so the list is split here and each host's URL given to sqlx.
+
+use std::{fmt, str::FromStr};
+
+use percent_encoding::percent_decode_str;
+use sqlx::postgres::PgConnectOptions;
+
+const DEFAULT_PORT: u16 = 5432;
+
+/// Which server of the list a session may use (`target_session_attrs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SessionAttrs {
+    /// The first that accepts a connection.
+    Any,
+    /// One whose sessions may write (`transaction_read_only` is off).
+    ReadWrite,
+    /// One not in recovery (`pg_is_in_recovery()` is false).
+    Primary,
+}
+
+/// One host of the list: what logs name it by, and how to reach it.
+#[derive(Debug, Clone)]
+pub(crate) struct Host {
+    /// `host:port` (or the socket folder), never with credentials.
+    pub(crate) name: String,
+    pub(crate) options: PgConnectOptions,
+}
+
+/// Every host of the URL, in its order, and which of them may be used.
+#[derive(Debug, Clone)]
+pub(crate) struct HostList {
+    pub(crate) hosts: Vec<Host>,
+    pub(crate) attrs: SessionAttrs,
+}
+
+/// Why a URL is not one: a sentence that never repeats the URL (it may hold a password).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BadUrl(String);
+
+impl fmt::Display for BadUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn bad(message: impl Into<String>) -> BadUrl {
+    BadUrl(message.into())
+}
+
+/// A host as written: a name, an IPv6 address without its brackets, or a socket folder.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Address {
+    Tcp(String, u16),
+    /// A folder and the port that names its socket file (`.s.PGSQL.<port>`).
+    Socket(String, u16),
+}
+
+impl HostList {
+    pub(crate) fn parse(url: &str) -> Result<Self, BadUrl> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(scheme, _)| {
+                scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")
+            })
+            .ok_or_else(|| bad("it must start with postgres:// or postgresql://"))?;
+        let rest = rest.split('#').next().unwrap_or_default();
+        let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (authority, path) = before_query
+            .split_once('/')
+            .map_or((before_query, ""), |(a, p)| (a, p));
+        let (userinfo, host_list) = match authority.rsplit_once('@') {
+            Some((userinfo, hosts)) => (Some(userinfo), hosts),
+            None => (None, authority),
+        };
+
+        let mut attrs = SessionAttrs::Any;
+        let mut query_hosts = None;
+        let mut query_ports = None;
+        let mut kept = Vec::new();
+        for pair in query.split('&').filter(|pair| !pair.is_empty()) {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "target_session_attrs" => attrs = session_attrs(&decode(value)?)?,
+                "host" => query_hosts = Some(decode(value)?),
+                "port" => query_ports = Some(decode(value)?),
+                _ => kept.push(pair),
+            }
+        }
+
+        let addresses = match query_hosts {
+            Some(hosts) if host_list.is_empty() => from_query(&hosts, query_ports.as_deref())?,
+            Some(_) => return Err(bad("it names hosts both before the path and in host=")),
+            None => from_authority(host_list, query_ports.as_deref())?,
+        };
+        // sqlx reads everything but the host from a URL with one placeholder host.
+        let base = format!(
+            "{scheme}://{}placeholder/{path}{}{}",
+            userinfo.map(|u| format!("{u}@")).unwrap_or_default(),
+            if kept.is_empty() { "" } else { "?" },
+            kept.join("&"),
+        );
+        let options = PgConnectOptions::from_str(&base).map_err(|err| bad(err.to_string()))?;
+        let hosts = addresses
+            .into_iter()
+            .map(|address| match address {
+                Address::Tcp(host, port) => Host {
+                    name: if host.contains(':') {
+                        format!("[{host}]:{port}")
+                    } else {
+                        format!("{host}:{port}")
+                    },
+                    options: options.clone().host(&host).port(port),
+                },
+                Address::Socket(folder, port) => Host {
+                    name: format!("{folder}/.s.PGSQL.{port}"),
+                    options: options.clone().socket(&folder).port(port),
+                },
+            })
+            .collect();
+        Ok(HostList { hosts, attrs })
+    }
+
+    /// Whether there is anything to fail over to.
+    pub(crate) fn is_several(&self) -> bool {
+        self.hosts.len() > 1
+    }
+}
+
+fn session_attrs(value: &str) -> Result<SessionAttrs, BadUrl> {
+    match value {
+        "any" => Ok(SessionAttrs::Any),
+        "read-write" => Ok(SessionAttrs::ReadWrite),
+        "primary" => Ok(SessionAttrs::Primary),
+        other => Err(bad(format!(
+            "target_session_attrs={other} is not supported: the service writes, so use read-write, primary or any"
+        ))),
+    }
+}
+
+fn decode(text: &str) -> Result<String, BadUrl> {
+    percent_decode_str(text)
+        .decode_utf8()
+        .map(|text| text.into_owned())
+        .map_err(|_| bad("a percent-encoded part is not UTF-8"))
+}
+
+fn port(text: &str, position: usize) -> Result<u16, BadUrl> {
+    text.parse::<u16>()
+        .ok()
+        .filter(|port| *port != 0)
+        .ok_or_else(|| bad(format!("host {position} has an invalid port number")))
+}
+
+/// `db1:5432,[::1]:5433,%2Fvar%2Frun%2Fpostgresql`; a host without a port takes the one
+/// `port=` gives, else 5432. An empty list is localhost, as for libpq.
+fn from_authority(list: &str, ports: Option<&str>) -> Result<Vec<Address>, BadUrl> {
+    let default = match ports {
+        Some(text) => port(text, 1)?,
+        None => DEFAULT_PORT,
+    };
+    if list.is_empty() {
+        return Ok(vec![Address::Tcp("localhost".into(), default)]);
+    }
+    list.split(',')
+        .enumerate()
+        .map(|(index, entry)| {
+            let position = index + 1;
+            let (host, port_text) =
+                if let Some(bracketed) = entry.strip_prefix('[') {
+                    let (host, after) = bracketed
+                        .split_once(']')
+                        .ok_or_else(|| bad(format!("host {position} opens a [ it never closes")))?;
+                    match after {
+                        "" => (host.to_owned(), None),
+                        _ => (
+                            host.to_owned(),
+                            Some(after.strip_prefix(':').ok_or_else(|| {
+                                bad(format!("host {position} has text after its ]"))
+                            })?),
+                        ),
+                    }
+                } else {
+                    match entry.rsplit_once(':') {
+                        Some((host, port)) => (decode(host)?, Some(port)),
+                        None => (decode(entry)?, None),
+                    }
+                };
+            let port = match port_text {
+                Some(text) => port(text, position)?,
+                None => default,
+            };
+            Ok(match host.as_str() {
+                "" => Address::Tcp("localhost".into(), port),
+                folder if folder.starts_with('/') => Address::Socket(folder.to_owned(), port),
+                _ => Address::Tcp(host, port),
+            })
+        })
+        .collect()
+}
+
+/// `?host=db1,db2&port=5432,5433`: one port for all, or one per host.
+fn from_query(hosts: &str, ports: Option<&str>) -> Result<Vec<Address>, BadUrl> {
+    let hosts: Vec<&str> = hosts.split(',').collect();
+    let ports: Vec<u16> = match ports {
+        None => vec![DEFAULT_PORT; hosts.len()],
+        Some(text) => {
+            let list = text
+                .split(',')
+                .enumerate()
+                .map(|(index, p)| port(p, index + 1))
+                .collect::<Result<Vec<_>, _>>()?;
+            match list.len() {
+                1 => vec![list[0]; hosts.len()],
+                n if n == hosts.len() => list,
+                n => {
+                    return Err(bad(format!(
+                        "port= gives {n} ports for {} hosts",
+                        hosts.len()
+                    )));
+                }
+            }
+        }
+    };
+    Ok(hosts
+        .into_iter()
+        .zip(ports)
+        .map(|(host, port)| match host {
+            "" => Address::Tcp("localhost".into(), port),
+            folder if folder.starts_with('/') => Address::Socket(folder.to_owned(), port),
+            _ => Address::Tcp(host.to_owned(), port),
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(url: &str) -> Vec<String> {
+        HostList::parse(url)
+            .map(|list| list.hosts.into_iter().map(|h| h.name).collect())
+            .unwrap_or_else(|err| vec![format!("error: {err}")])
+    }
+
+    fn attrs(url: &str) -> Option<SessionAttrs> {
+        HostList::parse(url).ok().map(|list| list.attrs)
+    }
+
+    /// The connection URIs of libpq's documentation (34.1.1), each with what it names.
+    #[test]
+    fn libpq_s_documented_examples() {
+        assert_eq!(names("postgresql://"), ["localhost:5432"]);
+        assert_eq!(names("postgresql://localhost"), ["localhost:5432"]);
+        assert_eq!(names("postgresql://localhost:5433"), ["localhost:5433"]);
+        assert_eq!(names("postgresql://localhost/mydb"), ["localhost:5432"]);
+        assert_eq!(names("postgresql://user@localhost"), ["localhost:5432"]);
+        assert_eq!(
+            names("postgresql://user:secret@localhost"),
+            ["localhost:5432"]
+        );
+        assert_eq!(
+            names("postgresql://other@localhost/otherdb?connect_timeout=10&application_name=myapp"),
+            ["localhost:5432"]
+        );
+        let several = "postgresql://host1:123,host2:456/somedb?target_session_attrs=any&application_name=myapp";
+        assert_eq!(names(several), ["host1:123", "host2:456"]);
+        assert_eq!(attrs(several), Some(SessionAttrs::Any));
+        assert_eq!(
+            names("postgresql:///mydb?host=localhost&port=5433"),
+            ["localhost:5433"]
+        );
+        assert_eq!(
+            names("postgresql://[2001:db8::1234]/database"),
+            ["[2001:db8::1234]:5432"]
+        );
+        assert_eq!(
+            names("postgresql:///dbname?host=/var/lib/postgresql"),
+            ["/var/lib/postgresql/.s.PGSQL.5432"]
+        );
+        assert_eq!(
+            names("postgresql://%2Fvar%2Flib%2Fpostgresql/dbname"),
+            ["/var/lib/postgresql/.s.PGSQL.5432"]
+        );
+    }
+
+    #[test]
+    fn what_pg_autoctl_show_uri_prints() {
+        let url = "postgres://autoctl@127.0.0.1:6001,127.0.0.1:6002/shop?target_session_attrs=read-write&sslmode=prefer";
+        let list = HostList::parse(url).expect("parses");
+        assert_eq!(
+            list.hosts
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect::<Vec<_>>(),
+            ["127.0.0.1:6001", "127.0.0.1:6002"]
+        );
+        assert_eq!(list.attrs, SessionAttrs::ReadWrite);
+        let first = &list.hosts[0].options;
+        assert_eq!(first.get_host(), "127.0.0.1");
+        assert_eq!(first.get_port(), 6001);
+        assert_eq!(first.get_username(), "autoctl");
+        assert_eq!(first.get_database(), Some("shop"));
+        assert_eq!(list.hosts[1].options.get_port(), 6002);
+    }
+
+    #[test]
+    fn each_host_has_its_port_or_the_default_and_ipv6_keeps_its_colons() {
+        assert_eq!(
+            names(
+                "postgres://app:pw@db1,db2:5433,[::1]:5434,[fe80::1]/shop?target_session_attrs=primary"
+            ),
+            ["db1:5432", "db2:5433", "[::1]:5434", "[fe80::1]:5432"]
+        );
+        assert_eq!(
+            attrs("postgres://db1,db2/shop?target_session_attrs=primary"),
+            Some(SessionAttrs::Primary)
+        );
+        assert_eq!(
+            names("postgres:///shop?host=db1,db2&port=6001,6002"),
+            ["db1:6001", "db2:6002"]
+        );
+        assert_eq!(
+            names("postgres:///shop?host=db1,db2&port=6001"),
+            ["db1:6001", "db2:6001"]
+        );
+        assert_eq!(
+            names("postgres:///shop?host=/run/postgresql&port=5433"),
+            ["/run/postgresql/.s.PGSQL.5433"]
+        );
+        assert_eq!(names("PostgreSQL://db1,db2/shop"), ["db1:5432", "db2:5432"]);
+    }
+
+    #[test]
+    fn the_password_is_percent_decoded_and_never_in_an_error() {
+        let list = HostList::parse("postgres://app:p%40ss%2Cword@db1,db2/shop").expect("parses");
+        assert_eq!(list.hosts.len(), 2);
+        for url in [
+            "postgres://app:hunter2@db1:5432,db2:99999/shop",
+            "postgres://app:hunter2@db1:x/shop",
+            "postgres://app:hunter2@[::1/shop",
+            "postgres://app:hunter2@db1,db2/shop?target_session_attrs=standby",
+            "postgres://app:hunter2@/shop?host=a,b,c&port=1,2",
+            "mysql://app:hunter2@db1/shop",
+        ] {
+            let err = HostList::parse(url).expect_err(url).to_string();
+            assert!(!err.contains("hunter2"), "{url}: {err}");
+            assert!(!err.is_empty());
+        }
+        assert_eq!(
+            HostList::parse("postgres://app:hunter2@db1:5432,db2:99999/shop")
+                .expect_err("bad port")
+                .to_string(),
+            "host 2 has an invalid port number"
+        );
+    }
+}

@@ -1,0 +1,210 @@
+"""What the deploy tests share: running `plantstore` instances, clients deleting through
+HTTP on kept-alive connections, and checking every answer against the database."""
+
+import collections
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+
+def fail(what, message):
+    print(f"{what} FAILED: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def psql(url, sql):
+    out = subprocess.run(
+        ["psql", url, "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql],
+        check=True, capture_output=True, text=True,
+    )
+    return out.stdout
+
+
+def get(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+    except OSError:
+        return None, ""
+
+
+def wait_until(check, seconds):
+    """True once `check()` is, polling every 50 ms; False after `seconds`."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def prepare_database(binary, url, plants):
+    """Migrates, seeds plants 1..plants and returns a new token, as a user would."""
+    env = dict(os.environ, DATABASE_URL=url)
+    subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
+    subprocess.run([binary, "seed", "--count", str(plants)], env=env, check=True,
+                   capture_output=True)
+    created = subprocess.run([binary, "token", "create", "--name", "fleet"], env=env,
+                             check=True, capture_output=True, text=True)
+    return created.stdout.split()[-1]
+
+
+class Instance:
+    """One `plantstore serve` on its own port, logging to `work`."""
+
+    def __init__(self, name, binary, database_url, port, work, **settings):
+        self.name, self.binary, self.port, self.work = name, binary, port, work
+        self.env = {
+            "PATH": os.environ.get("PATH", ""),
+            "DATABASE_URL": database_url,
+            "PLANTSTORE_LISTEN": f"127.0.0.1:{port}",
+            "PLANTSTORE_MIGRATE": "false",
+            "RUST_LOG": "warn",
+            **settings,
+        }
+        self.process = None
+        self.starts = 0
+
+    def start(self):
+        """Starts it and waits for /readyz; False if it never got ready."""
+        self.starts += 1
+        log = open(os.path.join(self.work, f"{self.name}-{self.starts}.log"), "w")
+        self.process = subprocess.Popen(
+            [self.binary, "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=log,
+        )
+        return wait_until(lambda: get(f"http://127.0.0.1:{self.port}/readyz")[0] == 200, 30)
+
+    def stop(self):
+        """SIGTERM, as a deploy sends it; the exit code (None if it did not exit within
+        30 s) and the seconds it took."""
+        signalled = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            code = self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            code = None
+        return code, time.monotonic() - signalled
+
+    def kill(self):
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def deletes_served(self):
+        """DELETE requests this process answered, from its /metrics."""
+        status, text = get(f"http://127.0.0.1:{self.port}/metrics")
+        if status != 200:
+            return 0
+        total = 0
+        for line in text.splitlines():
+            if line.startswith("plantstore_http_requests_total{") and 'method="DELETE"' in line:
+                total += int(float(line.rsplit(" ", 1)[1]))
+        return total
+
+
+class Answer(collections.namedtuple("Answer", "plant status at retry_after")):
+    """`status` is the HTTP status, or "lost: …" when the connection ended without an
+    answer; `at` is when it came (time.monotonic())."""
+
+
+class Clients:
+    """`count` threads, each deleting its own plants through `port` on one kept-alive
+    connection, until stopped or out of plants."""
+
+    def __init__(self, count, port, token, plants):
+        self.port, self.token, self.plants = port, token, plants
+        self.answers = []
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i, count)) for i in range(count)]
+
+    def run(self, first, step):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        headers = {"Authorization": f"Bearer {self.token}"}
+        mine = []
+        for plant in range(first + 1, self.plants + 1, step):
+            if self.stop.is_set():
+                break
+            try:
+                conn.request("DELETE", f"/plants/{plant}", headers=headers)
+                answer = conn.getresponse()
+                answer.read()
+                mine.append(Answer(plant, answer.status, time.monotonic(),
+                                   answer.getheader("retry-after")))
+                if answer.getheader("connection", "").lower() == "close":
+                    conn.close()
+            except (OSError, http.client.HTTPException) as err:
+                mine.append(Answer(plant, f"lost: {type(err).__name__}: {err}",
+                                   time.monotonic(), None))
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        with self.lock:
+            self.answers.extend(mine)
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_):
+        self.stop.set()
+        for thread in self.threads:
+            thread.join()
+
+    def counts(self):
+        return collections.Counter(
+            a.status if isinstance(a.status, int) else "lost" for a in self.answers)
+
+
+def check_database(url, answers, plants):
+    """Disagreements between the answers and the database: a 204 whose plant is not gone
+    and audited exactly once, a 404 for a plant still there (each plant is asked for once,
+    so a 404 is right only when a retry found its own earlier delete), a plant gone but not
+    audited once, or gone unasked. Also returns how many 503s were for plants that are gone
+    (a commit already sent when the deadline fell may land)."""
+    remaining = {int(x) for x in psql(url, "SELECT id FROM plants").split()}
+    audited = collections.Counter()
+    rows = psql(url, "SELECT plant_id, COUNT(*) FROM plantstore_deletions GROUP BY plant_id")
+    for line in rows.split():
+        plant, count = line.split("|")
+        audited[int(plant)] = int(count)
+    asked = {a.plant for a in answers}
+    problems = []
+    landed_503 = 0
+    for a in answers:
+        if a.status in (204, 404) and (a.plant in remaining or audited[a.plant] != 1):
+            problems.append(f"plant {a.plant}: {a.status}, but gone={a.plant not in remaining}, "
+                            f"audited {audited[a.plant]}x")
+        if a.status == 503 and a.plant not in remaining:
+            landed_503 += 1
+    for plant in range(1, plants + 1):
+        gone = plant not in remaining
+        if gone != (audited[plant] == 1) or audited[plant] > 1:
+            problems.append(f"plant {plant}: gone={gone}, audited {audited[plant]}x")
+        if gone and plant not in asked:
+            problems.append(f"plant {plant}: gone, though nobody asked")
+    return problems, landed_503
+
+
+def fail_on(what, problems, summary):
+    """Fails with the first ten `problems` and a `summary` of them, if there are any."""
+    if problems:
+        for problem in problems[:10]:
+            print(f"  {problem}", file=sys.stderr)
+        fail(what, f"{len(problems)} {summary}")
