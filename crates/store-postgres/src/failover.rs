@@ -3,8 +3,9 @@
 //!
 //! Hosts are tried in the URL's order and only one that satisfies `target_session_attrs`
 //! is used, as libpq does. Every new connection is checked again (`fits`), so none lands on
-//! a demoted server; when a request finds the database unavailable or read-only, the list
-//! is searched again in the background and the pool told the host it found.
+//! a demoted server; when a request finds the database unavailable or read-only, or gets
+//! no answer in time, the list is searched again in the background and the pool told the
+//! host it found.
 
 use std::{
     sync::{
@@ -106,10 +107,10 @@ impl Failover {
         let _ = self.pool.set(pool);
     }
 
-    /// A request found the database unavailable or read-only: unless a search is under
+    /// A request found the database unavailable, read-only or slow: unless a search is under
     /// way, the list is searched again in the background, and new connections go to the
     /// host it finds. One host alone has nowhere else to go.
-    pub(crate) fn suspect(self: &Arc<Self>) {
+    fn suspect(self: &Arc<Self>) {
         if !self.list.is_several() || self.searching.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -132,19 +133,30 @@ impl Failover {
         });
     }
 
-    /// Passes `result` on, searching the hosts again when it says the database is
-    /// unavailable or takes no writes.
+    /// Passes `result` on, searching the hosts again when it failed (see `notice`).
     pub(crate) fn watch<T>(
         self: &Arc<Self>,
         result: Result<T, StoreError>,
     ) -> Result<T, StoreError> {
+        if let Err(err) = &result {
+            self.notice(err);
+        }
+        result
+    }
+
+    /// Searches the hosts again when `err` says the database is unavailable, takes no
+    /// writes, or did not answer in time: a host that went away without a reset, or
+    /// whose new connections hang, shows only as work that runs out of time, and a
+    /// search costs one probe per `SEARCH_PAUSE` at most. Every caller's failure counts,
+    /// not only a delete's: a request may meet the database first in the token table's
+    /// reload, and fail there for as long as nothing moves.
+    pub(crate) fn notice(self: &Arc<Self>, err: &StoreError) {
         if matches!(
-            result,
-            Err(StoreError::Unavailable(_) | StoreError::ReadOnly)
+            err,
+            StoreError::Unavailable(_) | StoreError::ReadOnly | StoreError::TimedOut
         ) {
             self.suspect();
         }
-        result
     }
 }
 

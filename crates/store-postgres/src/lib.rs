@@ -129,35 +129,42 @@ impl Store for PostgresStore {
         &self,
         filter: &DeletionFilter,
     ) -> Result<Vec<DeletionRecord>, StoreError> {
-        deletion_log::list(&self.pool, filter).await
+        self.failover
+            .watch(deletion_log::list(&self.pool, filter).await)
     }
 
     async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
-        deletion_log::restore(&self.pool, entry, by).await
+        let restored = deletion_log::restore(&self.pool, entry, by).await;
+        if let Err(RestoreError::Store(err)) = &restored {
+            self.failover.notice(err);
+        }
+        restored
     }
 
     async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
-        deletion_log::prune(&self.pool, before).await
+        self.failover
+            .watch(deletion_log::prune(&self.pool, before).await)
     }
 
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError> {
-        seed::seed(&self.pool, count).await
+        self.failover.watch(seed::seed(&self.pool, count).await)
     }
 
     async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
-        tokens::insert(&self.pool, token).await
+        self.failover.watch(tokens::insert(&self.pool, token).await)
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        tokens::list(&self.pool).await
+        self.failover.watch(tokens::list(&self.pool).await)
     }
 
     async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-        tokens::revoke(&self.pool, name, at).await
+        self.failover
+            .watch(tokens::revoke(&self.pool, name, at).await)
     }
 
     async fn count_tokens(&self) -> Result<i64, StoreError> {
-        tokens::count(&self.pool).await
+        self.failover.watch(tokens::count(&self.pool).await)
     }
 
     fn stats(&self) -> StoreStats {

@@ -69,10 +69,14 @@ impl PgWriter {
     async fn commit_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
         let deadline = earliest(batch)?;
         let mut lane = self.lane(deadline).await?;
-        let committed = match limit_session(&mut lane, deadline).await {
-            Ok(()) => batch::run(&mut lane.conn, batch, self.idempotency_ttl, deadline).await,
-            Err(err) => Err(err),
-        };
+        // Bounded here too, not only by the server's limits: a server that stopped
+        // answering (a host gone without a reset, a network cut) would hold the lane,
+        // and the request's answer, forever.
+        let committed = wait_until(deadline, async {
+            limit_session(&mut lane, deadline).await?;
+            batch::run(&mut lane.conn, batch, self.idempotency_ttl, deadline).await
+        })
+        .await;
         match committed {
             Ok(outcomes) => {
                 self.kept.keep(lane);
@@ -102,7 +106,8 @@ impl PgWriter {
             self.pool.acquire().await.map_err(unavailable)
         })
         .await?;
-        let committed = self.delete_limited(&mut conn, deadline, deletion).await;
+        let committed =
+            wait_until(deadline, self.delete_limited(&mut conn, deadline, deletion)).await;
         if committed.is_err() {
             // It may be broken or on a server that turned read-only: not reused.
             conn.close_on_drop();
