@@ -8,7 +8,9 @@ port and folder, as the `postgres` user; serves `plantstore` on the URI that
 each: only 204 / 404 / 503 (+ Retry-After) answers, 204s again within 5 s of a primary
 accepting writes, with no restart of the service; at the end every 204's plant is gone
 on the primary and audited exactly once, and nothing is gone that nobody asked for.
-Prints the timeline of each fault; exits 1 on any failure.
+Prints the timeline of each fault; exits 1 on any failure. A run that pg_auto_failover's
+own bug #774 spoils (two nodes taking writes at once) is said so and done again on a new
+cluster, up to three times.
 
 Run from the repository root, as root, after `cargo test` (it uses target/debug/plantstore);
 it needs Debian's postgresql-15-auto-failover and pg-auto-failover-cli:
@@ -112,12 +114,16 @@ class Cluster:
     def writable(self):
         """The node that commits a write now, if one does. The write is a WAL message, so
         its commit waits for the synchronous standby as a delete's does (a transaction
-        that only takes an xid writes no WAL before its commit and does not wait)."""
+        that only takes an xid writes no WAL before its commit and does not wait). A node
+        whose sessions start read-only does not count, though the message would pass
+        there: pg_auto_failover keeps a standby it promotes so (`stop_replication`) until
+        the old primary is demoted, and target_session_attrs=read-write passes it over."""
         for node in ("node1", "node2"):
             try:
                 out = subprocess.run(
                     ["psql", self.node_url(node), "-qAtc",
-                     "SELECT pg_logical_emit_message(true, 'plantstore-probe', '') IS NOT NULL"],
+                     "SELECT current_setting('transaction_read_only') = 'off' AND "
+                     "pg_logical_emit_message(true, 'plantstore-probe', '') IS NOT NULL"],
                     capture_output=True, text=True, timeout=2)
             except subprocess.TimeoutExpired:
                 continue
@@ -188,6 +194,28 @@ class Writability(threading.Thread):
         return self.found
 
 
+# pg_auto_failover 2.0 (Debian 12's) can assign the old primary a state it cannot reach
+# during `perform failover` (hapostgres/pg_auto_failover#774, fixed upstream in 2026): it
+# then keeps taking writes, with synchronous replication off, until the demote timeout
+# while the standby is promoted, and pg_rewind drops what it took. Two primaries lose
+# writes whatever the client does, so such a run says nothing about plantstore.
+ENGINE_BUG = "does not know how to reach state"
+ATTEMPTS = 3
+
+
+def engine_bug(work):
+    """The keeper's log line of pg_auto_failover#774 in any node's log, if there is one."""
+    for node in ("node1", "node2"):
+        try:
+            with open(os.path.join(work, f"{node}.log"), errors="replace") as log:
+                for line in log:
+                    if ENGINE_BUG in line:
+                        return f"{node}: {line.strip()}"
+        except OSError:
+            pass
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=64)
@@ -200,6 +228,18 @@ def main():
         fail(WHAT, f"{args.binary} is missing; run cargo test first")
     if not shutil.which("pg_autoctl"):
         fail(WHAT, "pg_autoctl is missing (Debian: postgresql-15-auto-failover pg-auto-failover-cli)")
+    for number in range(1, ATTEMPTS + 1):
+        bug = attempt(args)
+        if bug is None:
+            return
+        print(f"attempt {number}: pg_auto_failover hit its bug #774, so two nodes took writes "
+              f"at once and this run proves nothing; a new cluster is built. ({bug})")
+    fail(WHAT, f"pg_auto_failover hit its bug #774 in all {ATTEMPTS} attempts")
+
+
+def attempt(args):
+    """One run on a new cluster: None when every check passed (a failed check exits), or
+    the engine's bug line when pg_auto_failover's own bug spoiled the run."""
     work = tempfile.mkdtemp(prefix="plantstore-failover-")
     shutil.chown(work, "postgres")
     os.chmod(work, 0o755)
@@ -227,6 +267,9 @@ def main():
             cluster.autoctl("perform", "failover", "--pgdata", f"{work}/monitor", "--wait", "120")
             node_a, writable_a = watch.wait()
             time.sleep(BACK_WITHIN + 1)
+            bug = engine_bug(work)
+            if bug:
+                return bug
 
             fault_b = time.monotonic()
             os.kill(cluster.postmaster_pid(node_a), signal.SIGKILL)
@@ -235,6 +278,9 @@ def main():
             watch.start()
             node_b, writable_b = watch.wait()
             time.sleep(BACK_WITHIN + 1)
+        bug = engine_bug(work)
+        if bug:
+            return bug
         print(f"{len(clients.answers)} requests from {args.clients} clients; answers: "
               + ", ".join(f"{k}: {v}" for k, v in sorted(clients.counts().items(), key=str)))
         print(f"(a) pg_autoctl perform failover: {primary} -> {node_a}")
@@ -254,6 +300,7 @@ def main():
         fail_on(WHAT, problems, "disagreements between the answers and the primary")
         print(f"ok: every 204 is gone on the primary and audited once, nothing else is gone; "
               f"the service was never restarted ({time.monotonic() - began:.0f} s in all)")
+        return None
     finally:
         if service:
             service.kill()
