@@ -74,7 +74,9 @@ pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, 
     .await
     .map_err(|err| RestoreError::from_insert(classify(err)))?;
     sqlx::query!(
-        "UPDATE plantstore_deletions SET restored_at = now(), restored_by = $2 WHERE id = $1",
+        "UPDATE plantstore_deletions
+         SET restored_at = now(), restored_by = $2, restored_xid = pg_current_xact_id()
+         WHERE id = $1",
         entry,
         by
     )
@@ -89,8 +91,18 @@ pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, 
 
 #[tracing::instrument(skip(pool))]
 pub(crate) async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, StoreError> {
+    // An entry stays while an endpoint not disabled has yet to receive its delete or its
+    // restore.
     let done = sqlx::query!(
-        "DELETE FROM plantstore_deletions WHERE deleted_at < $1",
+        "DELETE FROM plantstore_deletions d
+         WHERE d.deleted_at < $1
+           AND NOT EXISTS (
+               SELECT 1 FROM plantstore_webhook_endpoints e
+               WHERE e.state <> 'disabled'
+                 AND ((d.xid::TEXT::BIGINT, 0::BIGINT, d.id)
+                          > (e.cursor_pos, e.cursor_kind, e.cursor_id)
+                      OR (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
+                          > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
         before
     )
     .execute(&mut *connection(pool).await?)

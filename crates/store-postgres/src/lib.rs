@@ -11,15 +11,17 @@ mod limits;
 mod schema;
 mod seed;
 mod tokens;
+mod webhooks;
 mod writer;
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     BatchWriter, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord,
-    RestoreError, Store, StoreError, StoreSettings, StoreStats, TokenRecord,
+    DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError,
+    StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks,
 };
 use sqlx::postgres::PgPool;
 
@@ -182,5 +184,63 @@ impl Store for PostgresStore {
     async fn close(&self) {
         self.writer.release_all();
         self.pool.close().await;
+    }
+}
+
+#[async_trait]
+impl Webhooks for PostgresStore {
+    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError> {
+        self.failover
+            .watch(webhooks::add(&self.pool, url, events, secret).await)
+    }
+
+    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
+        self.failover.watch(webhooks::list(&self.pool).await)
+    }
+
+    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        self.failover.watch(webhooks::remove(&self.pool, id).await)
+    }
+
+    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        self.failover.watch(webhooks::enable(&self.pool, id).await)
+    }
+
+    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
+        self.failover
+            .watch(webhooks::replay(&self.pool, id, from).await)
+    }
+
+    async fn claim_endpoints(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.failover
+            .watch(webhooks::claim(&self.pool, owner, lease).await)
+    }
+
+    async fn read_events(
+        &self,
+        after: StreamPosition,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        self.failover
+            .watch(webhooks::read(&self.pool, after, limit).await)
+    }
+
+    async fn report_delivery(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        report: &DeliveryReport,
+    ) -> Result<bool, StoreError> {
+        self.failover
+            .watch(webhooks::report(&self.pool, lease, owner, report).await)
+    }
+
+    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
+        self.failover
+            .watch(webhooks::release(&self.pool, owner).await)
     }
 }

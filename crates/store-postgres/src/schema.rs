@@ -24,6 +24,7 @@ pub(crate) async fn check(pool: &PgPool) -> Result<(), StoreError> {
                              AND i.indnkeyatts = 1 AND i.indkey[0] = id.attnum
                              AND i.indpred IS NULL) AS "id_is_unique!",
                    (to_regclass('plantstore_tokens') IS NOT NULL
+                    AND to_regclass('plantstore_webhook_endpoints') IS NOT NULL
                     AND EXISTS (SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass('plantstore_deletions')
                                   AND attname = 'snapshot' AND NOT attisdropped)) AS "own_tables!""#

@@ -88,7 +88,10 @@ async fn restore_entry(
         .map_err(|err| RestoreError::from_insert(classify(err)))?;
     let now = Utc::now();
     sqlx::query!(
-        "UPDATE plantstore_deletions SET restored_at = ?, restored_by = ? WHERE id = ?",
+        "UPDATE plantstore_deletions
+         SET restored_at = ?, restored_by = ?,
+             restored_pos = (SELECT MAX(id) FROM plantstore_deletions)
+         WHERE id = ?",
         now,
         by,
         entry
@@ -107,8 +110,20 @@ pub(crate) async fn prune(
     writer: &WriteConnection,
     before: DateTime<Utc>,
 ) -> Result<u64, StoreError> {
+    // An entry stays while an endpoint not disabled has yet to receive its delete or its
+    // restore. While any endpoint exists, the newest entry stays too: SQLite gives a new
+    // row the highest id plus one, and ids that went back would put new deletes behind
+    // the endpoints' cursors.
     let done = sqlx::query!(
-        "DELETE FROM plantstore_deletions WHERE deleted_at < ?",
+        "DELETE FROM plantstore_deletions AS d
+         WHERE d.deleted_at < ?1
+           AND (d.id < (SELECT MAX(id) FROM plantstore_deletions)
+                OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
+           AND NOT EXISTS (
+               SELECT 1 FROM plantstore_webhook_endpoints e
+               WHERE e.state <> 'disabled'
+                 AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
+                      OR (d.restored_pos, 1, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
         before
     )
     .execute(writer.lock().await?.conn()?)

@@ -9,15 +9,17 @@ mod schema;
 mod seed;
 mod snapshot;
 mod tokens;
+mod webhooks;
 mod writer;
 
-use std::{str::FromStr, sync::Arc};
+use std::{str::FromStr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord, RestoreError,
-    Store, StoreError, StoreSettings, StoreStats, TokenRecord, probe,
+    Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord, DeliveryReport,
+    EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError, StoreSettings,
+    StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -166,5 +168,57 @@ impl Store for SqliteStore {
     async fn close(&self) {
         self.writer.close().await;
         self.readers.close().await;
+    }
+}
+
+#[async_trait]
+impl Webhooks for SqliteStore {
+    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError> {
+        webhooks::add(&self.writer, url, events, secret).await
+    }
+
+    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
+        webhooks::list(&self.readers).await
+    }
+
+    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        webhooks::remove(&self.writer, id).await
+    }
+
+    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        webhooks::enable(&self.writer, id).await
+    }
+
+    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
+        webhooks::replay(&self.writer, id, from).await
+    }
+
+    async fn claim_endpoints(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        webhooks::claim(&self.writer, owner, lease).await
+    }
+
+    async fn read_events(
+        &self,
+        after: StreamPosition,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        webhooks::read(&self.readers, after, limit).await
+    }
+
+    async fn report_delivery(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        report: &DeliveryReport,
+    ) -> Result<bool, StoreError> {
+        webhooks::report(&self.writer, lease, owner, report).await
+    }
+
+    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
+        webhooks::release(&self.writer, owner).await
     }
 }

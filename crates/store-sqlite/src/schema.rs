@@ -20,7 +20,8 @@ pub(crate) async fn check(readers: &SqlitePool) -> Result<(), StoreError> {
                              AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
                              AND (SELECT name FROM pragma_index_info(il.name)) = 'id') AS "id_is_unique!: bool",
                 (SELECT COUNT(*) FROM sqlite_master
-                  WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions'))
+                  WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions',
+                                                 'plantstore_webhook_endpoints'))
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
                     WHERE name = 'snapshot') AS "own_tables!: i64""#
         )
@@ -37,6 +38,6 @@ pub(crate) async fn check(readers: &SqlitePool) -> Result<(), StoreError> {
         }),
         plants_id_is_integer: found.id_is_integer.unwrap_or(false),
         plants_id_is_unique: found.id_is_unique,
-        has_own_tables: found.own_tables == 3,
+        has_own_tables: found.own_tables == 4,
     })
 }

@@ -11,6 +11,7 @@ mod error;
 mod findings;
 mod kept;
 mod log;
+mod webhooks;
 
 pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
 pub use deadline::{
@@ -21,6 +22,10 @@ pub use findings::{Findings, keyed_outcome};
 pub use kept::KeptConnections;
 pub use log::{
     DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
+};
+pub use webhooks::{
+    DeliveryReport, EndpointRecord, Event, EventKind, EventRow, Lease, LeaseRow, ReplayOutcome,
+    StreamPosition, Webhooks,
 };
 
 /// A request to delete one plant, with what its audit row records: who asked, and in
@@ -74,7 +79,7 @@ pub struct TokenRecord {
 /// Every method is one unit of work on the database; an implementation maps its driver's
 /// errors into [`StoreError`] by kind so callers never see database text.
 #[async_trait]
-pub trait Store: Send + Sync + Debug + 'static {
+pub trait Store: Webhooks + Send + Sync + Debug + 'static {
     /// Applies this backend's migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
 

@@ -1,0 +1,227 @@
+//! Deletion events on PostgreSQL: endpoints, their leases, and the event stream read in
+//! commit order, `(xid, kind, id)`, up to the oldest transaction still running.
+
+use std::time::Duration;
+
+use plantstore_store::{
+    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
+    StreamPosition,
+};
+use sqlx::postgres::PgPool;
+
+use crate::{connection::connection, errors::classify};
+
+#[tracing::instrument(skip(pool, secret))]
+pub(crate) async fn add(
+    pool: &PgPool,
+    url: &str,
+    events: &str,
+    secret: &str,
+) -> Result<i64, StoreError> {
+    // The cursor starts before every transaction still running: whatever commits from now
+    // on is after it (a few events committed just before may come too).
+    sqlx::query_scalar!(
+        "INSERT INTO plantstore_webhook_endpoints
+             (url, events, secret, cursor_pos, cursor_kind, cursor_id)
+         VALUES ($1, $2, $3,
+                 pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT - 1, 2, 0)
+         RETURNING id",
+        url,
+        events,
+        secret
+    )
+    .fetch_one(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn list(pool: &PgPool) -> Result<Vec<EndpointRecord>, StoreError> {
+    sqlx::query_as!(
+        EndpointRecord,
+        r#"SELECT e.id, e.url, e.events, e.state, e.delivered_through, e.last_error,
+                  e.next_attempt_at, e.created_at,
+                  (SELECT count(*) FROM plantstore_deletions d
+                    WHERE d.xid >= GREATEST(e.cursor_pos, 0)::TEXT::xid8
+                      AND (d.xid::TEXT::BIGINT, 0::BIGINT, d.id)
+                          > (e.cursor_pos, e.cursor_kind, e.cursor_id))
+                  + (SELECT count(*) FROM plantstore_deletions d
+                      WHERE d.restored_xid >= GREATEST(e.cursor_pos, 0)::TEXT::xid8
+                        AND (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
+                            > (e.cursor_pos, e.cursor_kind, e.cursor_id)) AS "pending!"
+           FROM plantstore_webhook_endpoints e ORDER BY e.id"#
+    )
+    .fetch_all(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn remove(pool: &PgPool, id: i64) -> Result<(), StoreError> {
+    let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = $1", id)
+        .execute(&mut *connection(pool).await?)
+        .await
+        .map_err(classify)?;
+    found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn enable(pool: &PgPool, id: i64) -> Result<(), StoreError> {
+    let done = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET state = 'active', last_error = NULL, next_attempt_at = NULL,
+             generation = generation + 1
+         WHERE id = $1",
+        id
+    )
+    .execute(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn replay(pool: &PgPool, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
+    let mut conn = connection(pool).await?;
+    let moved = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints e
+         SET cursor_pos = d.xid::TEXT::BIGINT, cursor_kind = 0, cursor_id = d.id - 1,
+             generation = e.generation + 1
+         FROM plantstore_deletions d
+         WHERE e.id = $1 AND d.id = $2",
+        id,
+        from
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(classify)?;
+    if moved.rows_affected() > 0 {
+        return Ok(ReplayOutcome::Done);
+    }
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints WHERE id = $1) AS "e!""#,
+        id
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(if exists {
+        ReplayOutcome::NoEntry
+    } else {
+        ReplayOutcome::NoEndpoint
+    })
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn claim(
+    pool: &PgPool,
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<Lease>, StoreError> {
+    // The database's clock, not the instances': theirs may disagree.
+    let rows = sqlx::query_as!(
+        LeaseRow,
+        "UPDATE plantstore_webhook_endpoints
+         SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
+         WHERE state <> 'disabled'
+           AND (lease_owner IS NULL OR lease_owner = $1 OR lease_until < now())
+         RETURNING id, url, events, secret, generation, cursor_pos, cursor_kind, cursor_id",
+        owner,
+        lease.as_secs_f64()
+    )
+    .fetch_all(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(Lease::from).collect())
+}
+
+#[tracing::instrument(level = "debug", skip(pool))]
+pub(crate) async fn read(
+    pool: &PgPool,
+    after: StreamPosition,
+    limit: i64,
+) -> Result<Vec<Event>, StoreError> {
+    // Every xid below the snapshot's xmin has ended, so no entry can still commit behind
+    // what is read here; an entry of a transaction still running waits for the next read.
+    let rows = sqlx::query_as!(
+        EventRow,
+        r#"WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
+           events AS (
+               SELECT d.xid::TEXT::BIGINT AS pos, 0::BIGINT AS kind, d.*
+               FROM plantstore_deletions d, horizon
+               WHERE d.xid >= GREATEST($1::BIGINT, 0)::TEXT::xid8 AND d.xid < horizon.xmin
+               UNION ALL
+               SELECT d.restored_xid::TEXT::BIGINT, 1, d.*
+               FROM plantstore_deletions d, horizon
+               WHERE d.restored_xid >= GREATEST($1::BIGINT, 0)::TEXT::xid8
+                 AND d.restored_xid < horizon.xmin
+           )
+           SELECT pos AS "pos!", kind AS "kind!", id AS "id!", plant_id AS "plant_id!",
+                  token_name AS "caller!", request_id AS "request_id!", idempotency_key,
+                  deleted_at AS "deleted_at!", snapshot::TEXT AS snapshot, restored_at,
+                  restored_by
+           FROM events
+           WHERE (pos, kind, id) > ($1::BIGINT, $2::BIGINT, $3::BIGINT)
+           ORDER BY pos, kind, id
+           LIMIT $4"#,
+        after.pos,
+        after.kind,
+        after.id,
+        limit
+    )
+    .fetch_all(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(Event::from).collect())
+}
+
+#[tracing::instrument(level = "debug", skip(pool, lease), fields(endpoint = lease.endpoint))]
+pub(crate) async fn report(
+    pool: &PgPool,
+    lease: &Lease,
+    owner: &str,
+    report: &DeliveryReport,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET cursor_pos = $4, cursor_kind = $5, cursor_id = $6,
+             delivered_through = COALESCE($7, delivered_through),
+             state = $8, last_error = $9, next_attempt_at = $10
+         WHERE id = $1 AND lease_owner = $2 AND generation = $3 AND state <> 'disabled'",
+        lease.endpoint,
+        owner,
+        lease.generation,
+        report.cursor.pos,
+        report.cursor.kind,
+        report.cursor.id,
+        report.delivered_through,
+        report.state,
+        report.last_error,
+        report.next_attempt_at,
+    )
+    .execute(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected() > 0)
+}
+
+#[tracing::instrument(skip(pool))]
+pub(crate) async fn release(pool: &PgPool, owner: &str) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
+         WHERE lease_owner = $1",
+        owner
+    )
+    .execute(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+fn found(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        Err(StoreError::NotFound)
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,239 @@
+//! Deletion events on SQLite: endpoints, their leases, and the event stream. One writer
+//! commits at a time and ids are given inside its write, so a delete's place in the stream
+//! is its id and a restore's the highest id when it committed.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use plantstore_store::{
+    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
+    StreamPosition,
+};
+use sqlx::SqlitePool;
+
+use crate::{errors::classify, writer::WriteConnection};
+
+#[tracing::instrument(skip(writer, secret))]
+pub(crate) async fn add(
+    writer: &WriteConnection,
+    url: &str,
+    events: &str,
+    secret: &str,
+) -> Result<i64, StoreError> {
+    let now = Utc::now();
+    sqlx::query_scalar!(
+        r#"INSERT INTO plantstore_webhook_endpoints
+               (url, events, secret, cursor_pos, cursor_kind, cursor_id, created_at)
+           VALUES (?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
+           RETURNING id AS "id!: i64""#,
+        url,
+        events,
+        secret,
+        now
+    )
+    .fetch_one(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(readers))]
+pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<EndpointRecord>, StoreError> {
+    sqlx::query_as!(
+        EndpointRecord,
+        r#"SELECT e.id AS "id!: i64", e.url, e.events, e.state,
+                  e.delivered_through AS "delivered_through?: i64", e.last_error,
+                  e.next_attempt_at AS "next_attempt_at?: DateTime<Utc>",
+                  e.created_at AS "created_at!: DateTime<Utc>",
+                  (SELECT count(*) FROM plantstore_deletions d
+                    WHERE d.id >= e.cursor_pos
+                      AND (d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id))
+                  + (SELECT count(*) FROM plantstore_deletions d
+                      WHERE d.restored_pos >= e.cursor_pos
+                        AND (d.restored_pos, 1, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id))
+                    AS "pending!: i64"
+           FROM plantstore_webhook_endpoints e ORDER BY e.id"#
+    )
+    .fetch_all(readers)
+    .await
+    .map_err(classify)
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn remove(writer: &WriteConnection, id: i64) -> Result<(), StoreError> {
+    let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = ?", id)
+        .execute(writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+    found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn enable(writer: &WriteConnection, id: i64) -> Result<(), StoreError> {
+    let done = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET state = 'active', last_error = NULL, next_attempt_at = NULL,
+             generation = generation + 1
+         WHERE id = ?",
+        id
+    )
+    .execute(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn replay(
+    writer: &WriteConnection,
+    id: i64,
+    from: i64,
+) -> Result<ReplayOutcome, StoreError> {
+    let mut writer = writer.lock().await?;
+    let conn = writer.conn()?;
+    let entry = sqlx::query_scalar!(
+        r#"SELECT id AS "id!: i64" FROM plantstore_deletions WHERE id = ?"#,
+        from
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(classify)?;
+    let moved = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, generation = generation + 1
+         WHERE id = ?1 AND ?3",
+        id,
+        from,
+        entry.is_some()
+    )
+    .execute(&mut *conn)
+    .await
+    .map_err(classify)?;
+    if moved.rows_affected() > 0 {
+        return Ok(ReplayOutcome::Done);
+    }
+    let exists = sqlx::query_scalar!(
+        r#"SELECT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints WHERE id = ?) AS "e!: bool""#,
+        id
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(classify)?;
+    Ok(if exists {
+        ReplayOutcome::NoEntry
+    } else {
+        ReplayOutcome::NoEndpoint
+    })
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn claim(
+    writer: &WriteConnection,
+    owner: &str,
+    lease: Duration,
+) -> Result<Vec<Lease>, StoreError> {
+    let now = Utc::now();
+    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+    let rows = sqlx::query_as!(
+        LeaseRow,
+        r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
+           WHERE state <> 'disabled'
+             AND (lease_owner IS NULL OR lease_owner = ?1 OR lease_until < ?3)
+           RETURNING id AS "id!: i64", url, events, secret, generation AS "generation!: i64",
+                     cursor_pos AS "cursor_pos!: i64", cursor_kind AS "cursor_kind!: i64",
+                     cursor_id AS "cursor_id!: i64""#,
+        owner,
+        until,
+        now
+    )
+    .fetch_all(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(Lease::from).collect())
+}
+
+#[tracing::instrument(level = "debug", skip(readers))]
+pub(crate) async fn read(
+    readers: &SqlitePool,
+    after: StreamPosition,
+    limit: i64,
+) -> Result<Vec<Event>, StoreError> {
+    let rows = sqlx::query_as!(
+        EventRow,
+        r#"SELECT pos AS "pos!: i64", kind AS "kind!: i64", id AS "id!: i64",
+                  plant_id AS "plant_id!: i64", token_name AS "caller!: String",
+                  request_id AS "request_id!: String", idempotency_key AS "idempotency_key?: String",
+                  deleted_at AS "deleted_at!: DateTime<Utc>", snapshot AS "snapshot?: String",
+                  restored_at AS "restored_at?: DateTime<Utc>", restored_by AS "restored_by?: String"
+           FROM (
+               SELECT id AS pos, 0 AS kind, id, plant_id, token_name, request_id,
+                      idempotency_key, deleted_at, snapshot, restored_at, restored_by
+               FROM plantstore_deletions WHERE id >= ?1
+               UNION ALL
+               SELECT restored_pos, 1, id, plant_id, token_name, request_id,
+                      idempotency_key, deleted_at, snapshot, restored_at, restored_by
+               FROM plantstore_deletions WHERE restored_pos >= ?1
+           )
+           WHERE (pos, kind, id) > (?1, ?2, ?3)
+           ORDER BY pos, kind, id
+           LIMIT ?4"#,
+        after.pos,
+        after.kind,
+        after.id,
+        limit
+    )
+    .fetch_all(readers)
+    .await
+    .map_err(classify)?;
+    Ok(rows.into_iter().map(Event::from).collect())
+}
+
+#[tracing::instrument(level = "debug", skip(writer, lease), fields(endpoint = lease.endpoint))]
+pub(crate) async fn report(
+    writer: &WriteConnection,
+    lease: &Lease,
+    owner: &str,
+    report: &DeliveryReport,
+) -> Result<bool, StoreError> {
+    let done = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET cursor_pos = ?4, cursor_kind = ?5, cursor_id = ?6,
+             delivered_through = COALESCE(?7, delivered_through),
+             state = ?8, last_error = ?9, next_attempt_at = ?10
+         WHERE id = ?1 AND lease_owner = ?2 AND generation = ?3 AND state <> 'disabled'",
+        lease.endpoint,
+        owner,
+        lease.generation,
+        report.cursor.pos,
+        report.cursor.kind,
+        report.cursor.id,
+        report.delivered_through,
+        report.state,
+        report.last_error,
+        report.next_attempt_at,
+    )
+    .execute(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    Ok(done.rows_affected() > 0)
+}
+
+#[tracing::instrument(skip(writer))]
+pub(crate) async fn release(writer: &WriteConnection, owner: &str) -> Result<(), StoreError> {
+    sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
+         WHERE lease_owner = ?",
+        owner
+    )
+    .execute(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    Ok(())
+}
+
+fn found(rows: u64) -> Result<(), StoreError> {
+    if rows == 0 {
+        Err(StoreError::NotFound)
+    } else {
+        Ok(())
+    }
+}

@@ -1,0 +1,213 @@
+//! Deletion events as storage sees them: webhook endpoints, the event stream read from
+//! the deletion log, and the lease that lets one instance at a time deliver to an endpoint.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::{DeletionRecord, StoreError};
+
+/// A place in the event stream. Events are ordered by `(pos, kind, id)`: `pos` is the
+/// backend's commit-ordered position, `kind` 0 a delete and 1 a restore, `id` the
+/// deletion log entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct StreamPosition {
+    pub pos: i64,
+    pub kind: i64,
+    pub id: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    Deleted,
+    Restored,
+}
+
+impl EventKind {
+    /// The event type as bodies and `--events` name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Deleted => "plant.deleted",
+            EventKind::Restored => "plant.restored",
+        }
+    }
+
+    pub fn from_code(kind: i64) -> Self {
+        if kind == 0 {
+            EventKind::Deleted
+        } else {
+            EventKind::Restored
+        }
+    }
+}
+
+/// One event: a deletion log entry, as a delete or as its restore.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub position: StreamPosition,
+    pub kind: EventKind,
+    pub entry: DeletionRecord,
+}
+
+/// An event as both backends select it; `kind` 0 is a delete, 1 a restore.
+#[derive(Debug)]
+pub struct EventRow {
+    pub pos: i64,
+    pub kind: i64,
+    pub id: i64,
+    pub plant_id: i64,
+    pub caller: String,
+    pub request_id: String,
+    pub idempotency_key: Option<String>,
+    pub deleted_at: DateTime<Utc>,
+    pub snapshot: Option<String>,
+    pub restored_at: Option<DateTime<Utc>>,
+    pub restored_by: Option<String>,
+}
+
+impl From<EventRow> for Event {
+    fn from(row: EventRow) -> Self {
+        Event {
+            position: StreamPosition {
+                pos: row.pos,
+                kind: row.kind,
+                id: row.id,
+            },
+            kind: EventKind::from_code(row.kind),
+            entry: DeletionRecord {
+                id: row.id,
+                plant_id: row.plant_id,
+                caller: row.caller,
+                request_id: row.request_id,
+                idempotency_key: row.idempotency_key,
+                deleted_at: row.deleted_at,
+                snapshot: row.snapshot,
+                restored_at: row.restored_at,
+                restored_by: row.restored_by,
+            },
+        }
+    }
+}
+
+/// A claimed endpoint as both backends return it.
+#[derive(Debug)]
+pub struct LeaseRow {
+    pub id: i64,
+    pub url: String,
+    pub events: String,
+    pub secret: String,
+    pub generation: i64,
+    pub cursor_pos: i64,
+    pub cursor_kind: i64,
+    pub cursor_id: i64,
+}
+
+impl From<LeaseRow> for Lease {
+    fn from(row: LeaseRow) -> Self {
+        Lease {
+            endpoint: row.id,
+            url: row.url,
+            events: row.events,
+            secret: row.secret,
+            generation: row.generation,
+            cursor: StreamPosition {
+                pos: row.cursor_pos,
+                kind: row.cursor_kind,
+                id: row.cursor_id,
+            },
+        }
+    }
+}
+
+/// An endpoint as `webhooks list` shows it; the secret is not read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointRecord {
+    pub id: i64,
+    pub url: String,
+    pub events: String,
+    /// `active`, `failing` or `disabled`.
+    pub state: String,
+    pub delivered_through: Option<i64>,
+    /// Events after the cursor, of any type (some may not be for this endpoint).
+    pub pending: i64,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// An endpoint this instance holds the lease on, with what delivery needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub endpoint: i64,
+    pub url: String,
+    pub events: String,
+    pub secret: String,
+    /// Changes when `replay` or `enable` moves the cursor; a report carrying an older one
+    /// is refused, so delivery starts over from the new cursor.
+    pub generation: i64,
+    pub cursor: StreamPosition,
+}
+
+/// What an endpoint's delivery reports: how far it got, and how it is doing.
+#[derive(Debug, Clone)]
+pub struct DeliveryReport {
+    pub cursor: StreamPosition,
+    /// The deletion log id of the last event delivered, when the cursor moved.
+    pub delivered_through: Option<i64>,
+    /// `active`, `failing`, or `disabled` (after a 410).
+    pub state: &'static str,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplayOutcome {
+    Done,
+    NoEndpoint,
+    NoEntry,
+}
+
+/// The webhook endpoints and the event stream, on every backend.
+#[async_trait]
+pub trait Webhooks: Send + Sync {
+    /// Registers an endpoint that gets the events committed from now on; returns its id.
+    /// `StoreError::Duplicate` when the URL is registered already.
+    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError>;
+
+    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError>;
+
+    /// `StoreError::NotFound` when no endpoint has that id.
+    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError>;
+
+    /// Makes an endpoint active again, delivering from where it stopped.
+    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError>;
+
+    /// Moves an endpoint's cursor back to just before deletion log entry `from`.
+    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError>;
+
+    /// Takes or renews, for `lease`, the lease of every endpoint not disabled and not held
+    /// by another instance; returns all this `owner` holds now.
+    async fn claim_endpoints(&self, owner: &str, lease: Duration)
+    -> Result<Vec<Lease>, StoreError>;
+
+    /// Up to `limit` events after `after`, in stream order; only events whose place can
+    /// no longer be taken by a later commit.
+    async fn read_events(
+        &self,
+        after: StreamPosition,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError>;
+
+    /// Saves delivery's progress; `false` when the lease is no longer this owner's, or the
+    /// generation moved (then delivery must stop).
+    async fn report_delivery(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        report: &DeliveryReport,
+    ) -> Result<bool, StoreError>;
+
+    /// Gives up every lease `owner` holds, so another instance takes over at once.
+    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError>;
+}
