@@ -1,9 +1,9 @@
 //! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
-//! route table, the operation, the error map); `auth` (who is calling) and `telemetry`
-//! (logs, traces, metrics); `database` (the backend crates behind `plantstore_store`);
-//! `config` at the bottom. Public only what the binary, the tests and fuzz use.
+//! route table, the operation, the error map) and `webhooks` (deletion events delivered to
+//! endpoints); `auth` (who is calling) and `telemetry` (logs, traces, metrics); `database`
+//! (the backend crates behind `plantstore_store`); `config` at the bottom. Public only what the binary, the tests and fuzz use.
 
 pub mod auth;
 pub mod cli;
@@ -13,3 +13,4 @@ pub mod http;
 pub mod startup;
 pub mod state;
 pub mod telemetry;
+pub mod webhooks;

@@ -13,6 +13,7 @@ use crate::{
     http::{self, ClientLimits, Documents, HttpOptions},
     state::AppState,
     telemetry::Metrics,
+    webhooks::{self, Backoff, Bell, Deliveries},
 };
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
@@ -29,6 +30,7 @@ pub struct Application {
     /// `PLANTSTORE_SHUTDOWN_DELAY`: how long to drain before the servers stop.
     shutdown_delay: Duration,
     client_limits: ClientLimits,
+    deliveries: Deliveries,
 }
 
 impl Application {
@@ -52,8 +54,17 @@ impl Application {
             .map(|rate| Arc::new(RateLimiter::new(rate)));
         let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
-        let state =
+        let bell = Bell::default();
+        let deliveries = deliveries(
+            config,
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+            bell.clone(),
+            address,
+        )?;
+        let mut state =
             AppState::new(store, rate_limiter, config.serve.request_timeout, metrics).with_jwt(jwt);
+        state.deleted_bell = bell;
         Ok(Self {
             acceptor,
             address,
@@ -72,6 +83,7 @@ impl Application {
                 idle_timeout: config.serve.idle_timeout,
                 header_timeout: config.serve.header_timeout,
             },
+            deliveries,
         })
     }
 
@@ -102,6 +114,10 @@ impl Application {
         let draining = self.state.draining.clone();
         let delay = self.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
+        let (halt, halted) = tokio::sync::oneshot::channel::<()>();
+        let deliveries = tokio::spawn(self.deliveries.run(async {
+            let _ = halted.await;
+        }));
         let (stop, stopped) = watch::channel(false);
         let when_stopped = || {
             let mut stopped = stopped.clone();
@@ -147,9 +163,56 @@ impl Application {
             }
         };
         upkeep.abort();
+        let _ = halt.send(());
+        let _ = deliveries.await;
         store.close().await;
         served
     }
+}
+
+/// Webhook delivery as the settings say, ringing with this instance's deletes.
+fn deliveries(
+    config: &Config,
+    store: Arc<dyn plantstore_store::Store>,
+    metrics: Arc<Metrics>,
+    bell: Bell,
+    address: SocketAddr,
+) -> anyhow::Result<Deliveries> {
+    let settings = &config.serve.webhooks;
+    if settings.webhook_retry_min.is_zero()
+        || settings.webhook_retry_min > settings.webhook_retry_max
+    {
+        anyhow::bail!(
+            "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX"
+        );
+    }
+    if settings.webhook_timeout.is_zero() {
+        anyhow::bail!("PLANTSTORE_WEBHOOK_TIMEOUT must be above zero");
+    }
+    Deliveries::new(
+        store,
+        webhooks::Settings {
+            timeout: settings.webhook_timeout,
+            backoff: Backoff {
+                min: settings.webhook_retry_min,
+                max: settings.webhook_retry_max,
+            },
+        },
+        metrics,
+        bell,
+        lease_owner(address),
+    )
+    .context("cannot set up the webhook client")
+}
+
+/// This instance's name in webhook leases: its host and the address it serves on, which
+/// no other running instance has.
+fn lease_owner(address: SocketAddr) -> String {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|name| name.into_string().ok())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    format!("{host} {address}")
 }
 
 /// Binds `address`; the address actually bound comes back (port 0 becomes a real port).

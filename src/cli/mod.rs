@@ -4,6 +4,7 @@
 mod deletions;
 mod serve;
 mod tokens;
+mod webhooks;
 
 use std::io::Write;
 
@@ -17,6 +18,7 @@ use crate::{
 };
 use deletions::DeletionsCommand;
 use tokens::TokenCommand;
+use webhooks::WebhooksCommand;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,6 +52,9 @@ pub enum Command {
     /// Read the deletion log, restore a deleted plant, prune old entries
     #[command(subcommand)]
     Deletions(DeletionsCommand),
+    /// Register, list and manage the endpoints deletion events are POSTed to
+    #[command(subcommand)]
+    Webhooks(WebhooksCommand),
     /// Insert demo plants 1..=COUNT that are missing
     Seed {
         /// How many demo plants: ids 1 to COUNT
@@ -135,6 +140,12 @@ impl Cli {
             Command::Deletions(command) => {
                 let store = database::open(&config).await?;
                 let outcome = deletions::run(store.as_ref(), command).await;
+                store.close().await;
+                outcome
+            }
+            Command::Webhooks(command) => {
+                let store = database::open(&config).await?;
+                let outcome = webhooks::run(store.as_ref(), command).await;
                 store.close().await;
                 outcome
             }

@@ -99,6 +99,9 @@ pub struct ServeConfig {
     #[command(flatten)]
     pub jwt: JwtConfig,
 
+    #[command(flatten)]
+    pub webhooks: WebhookConfig,
+
     /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
     /// store spans go to its /v1/traces (unset or empty: nothing is exported)
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
@@ -128,6 +131,27 @@ pub struct ServeConfig {
         hide_default_value = true
     )]
     pub admin_listen: AdminListen,
+}
+
+/// Delivery of deletion events to the endpoints `plantstore webhooks add` registers.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_help_heading = "Webhook options")]
+pub struct WebhookConfig {
+    /// One delivery attempt's limit: a 2xx within it delivers the event
+    #[arg(long, env = "PLANTSTORE_WEBHOOK_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub webhook_timeout: Duration,
+
+    /// The shortest wait before an event's next attempt; waits double from it, with
+    /// jitter, up to PLANTSTORE_WEBHOOK_RETRY_MAX
+    #[arg(long, env = "PLANTSTORE_WEBHOOK_RETRY_MIN", default_value = "1s",
+          value_parser = parse_duration)]
+    pub webhook_retry_min: Duration,
+
+    /// The longest wait before an event's next attempt (a Retry-After above it is cut to it)
+    #[arg(long, env = "PLANTSTORE_WEBHOOK_RETRY_MAX", default_value = "1h",
+          value_parser = parse_duration)]
+    pub webhook_retry_max: Duration,
 }
 
 /// JWT bearer tokens from an identity provider, beside the service's own tokens: one key

@@ -68,6 +68,7 @@ impl PlantsApi {
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {
                 state.metrics.deleted();
+                state.deleted_bell.ring();
                 Ok(PlantDeleted::Deleted(None))
             }
             Ok(Deleted::Replayed) => Ok(PlantDeleted::Deleted(Some(true))),

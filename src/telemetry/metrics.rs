@@ -22,6 +22,9 @@ const QUEUED: &str = "plantstore_delete_queue_waiting";
 const BATCH_SIZES: &str = "plantstore_commit_batch_size";
 const TOKEN_LOOKUPS: &str = "plantstore_token_cache_lookups_total";
 const TOKEN_RELOADS: &str = "plantstore_token_cache_reloads_total";
+const WEBHOOK_DELIVERIES: &str = "plantstore_webhook_deliveries_total";
+const WEBHOOK_PENDING: &str = "plantstore_webhook_pending_events";
+const WEBHOOK_LAG: &str = "plantstore_webhook_delivery_lag_seconds";
 /// How often histogram samples are folded into their buckets (see `keep_up`).
 const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -43,11 +46,17 @@ impl Metrics {
                 ],
             )?
             .set_buckets_for_metric(
+                Matcher::Full(WEBHOOK_LAG.into()),
+                &[
+                    0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 300.0, 3600.0,
+                ],
+            )?
+            .set_buckets_for_metric(
                 Matcher::Full(BATCH_SIZES.into()),
                 &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
             )?
             .build_recorder();
-        let described: [(&'static str, Unit, &'static str); 9] = [
+        let described: [(&'static str, Unit, &'static str); 12] = [
             (
                 REQUESTS,
                 Unit::Count,
@@ -88,6 +97,21 @@ impl Metrics {
                 TOKEN_RELOADS,
                 Unit::Count,
                 "Reloads of the in-memory token table from the database",
+            ),
+            (
+                WEBHOOK_DELIVERIES,
+                Unit::Count,
+                "Webhook delivery attempts made by this instance, by endpoint id and result (delivered, failed, gone)",
+            ),
+            (
+                WEBHOOK_PENDING,
+                Unit::Count,
+                "Deletion events an endpoint has yet to receive, by endpoint id (read every 5 s)",
+            ),
+            (
+                WEBHOOK_LAG,
+                Unit::Seconds,
+                "Time from an event's commit to its receiver's 2xx, by endpoint id",
             ),
         ];
         for (name, unit, help) in described {
@@ -134,6 +158,38 @@ impl Metrics {
     pub fn auth_failed(&self, reason: &'static str) {
         let key = Key::from_parts(AUTH_FAILURES, vec![Label::new("reason", reason)]);
         self.recorder.register_counter(&key, &METADATA).increment(1);
+    }
+
+    /// One webhook delivery attempt; `lag` is the time since the event's commit.
+    pub fn webhook_delivered(&self, endpoint: &str, result: &'static str, lag: Duration) {
+        let endpoint = SharedString::from(endpoint.to_owned());
+        let key = Key::from_parts(
+            WEBHOOK_DELIVERIES,
+            vec![
+                Label::new("endpoint", endpoint.clone()),
+                Label::new("result", result),
+            ],
+        );
+        self.recorder.register_counter(&key, &METADATA).increment(1);
+        if result == "delivered" {
+            let key = Key::from_parts(WEBHOOK_LAG, vec![Label::new("endpoint", endpoint)]);
+            self.recorder
+                .register_histogram(&key, &METADATA)
+                .record(lag.as_secs_f64());
+        }
+    }
+
+    pub fn webhook_pending(&self, endpoint: &str, pending: i64) {
+        let key = Key::from_parts(
+            WEBHOOK_PENDING,
+            vec![Label::new(
+                "endpoint",
+                SharedString::from(endpoint.to_owned()),
+            )],
+        );
+        self.recorder
+            .register_gauge(&key, &METADATA)
+            .set(pending as f64);
     }
 
     /// Folds the histogram samples recorded since the last time into their buckets. The

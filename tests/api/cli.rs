@@ -137,7 +137,7 @@ async fn commands_on_postgres_print_no_migration_notices() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 13] = [
+    let cases: [(&str, &str, &str, &str); 15] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -189,6 +189,13 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "PLANTSTORE_ADMIN_LISTEN",
             "9090",
             "such as 127.0.0.1:9090",
+            "",
+        ),
+        ("PLANTSTORE_WEBHOOK_TIMEOUT", "fast", "invalid value", ""),
+        (
+            "PLANTSTORE_WEBHOOK_RETRY_MIN",
+            "2h",
+            "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX",
             "",
         ),
     ];

@@ -7,7 +7,10 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::{
-    helpers::{Backend, DbPool, TestApp, TestDb, assert_request_id, spawn_app, spawn_app_on},
+    helpers::{
+        Backend, DbPool, TestApp, TestDb, assert_request_id, plantstore_on, refused, spawn_app,
+        spawn_app_on, succeeded,
+    },
     on_both_backends,
 };
 
@@ -22,31 +25,9 @@ on_both_backends!(
 
 /// `plantstore deletions …` on the app's database, in a clean environment.
 fn deletions(app: &TestApp, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_plantstore"))
-        .env_clear()
-        .env("DATABASE_URL", &app.db.url)
-        .arg("deletions")
-        .args(args)
-        .output()
-        .expect("run plantstore")
-}
-
-fn succeeded(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// The one line a refused command ends with.
-fn refused(output: &Output) -> String {
-    assert!(!output.status.success(), "{output:?}");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let last = stderr.lines().last().unwrap_or_default().to_owned();
-    assert!(last.starts_with("plantstore: "), "{stderr}");
-    last
+    let mut all = vec!["deletions"];
+    all.extend_from_slice(args);
+    plantstore_on(&app.db.url, &all)
 }
 
 fn list(app: &TestApp, args: &[&str]) -> Vec<Value> {

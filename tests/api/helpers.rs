@@ -5,7 +5,7 @@ use std::{future, time::Duration};
 
 pub use plantstore::config::AdminListen;
 use plantstore::{
-    config::{Config, CorsOrigins, LogFormat, RateLimit, ServeConfig},
+    config::{Config, CorsOrigins, LogFormat, RateLimit, ServeConfig, WebhookConfig},
     startup::Application,
 };
 use reqwest::{Response, StatusCode, header};
@@ -179,6 +179,16 @@ impl TestDb {
         .expect("read the audit table")
     }
 
+    /// The id of every deletion log entry, lowest first.
+    pub async fn deletion_ids(&self) -> Vec<i64> {
+        let sql = "SELECT id FROM plantstore_deletions ORDER BY id";
+        match &self.pool {
+            DbPool::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+            DbPool::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
+        }
+        .expect("read the deletion log")
+    }
+
     /// The same database reached through another host and port (a proxy).
     pub fn url_via(&self, host_port: &str) -> String {
         let (scheme_user, rest) = self
@@ -260,6 +270,11 @@ pub fn test_config(database_url: &str) -> Config {
             idempotency_ttl: Duration::from_secs(24 * 3600),
             cors_allowed_origins: CorsOrigins::Off,
             admin_listen: AdminListen(None),
+            webhooks: WebhookConfig {
+                webhook_timeout: Duration::from_secs(10),
+                webhook_retry_min: Duration::from_secs(1),
+                webhook_retry_max: Duration::from_secs(3600),
+            },
         },
     }
 }
@@ -520,4 +535,33 @@ impl WriteHold {
         }
         .expect("release the hold");
     }
+}
+
+/// `plantstore <args>` on `database_url`, in a clean environment, as a user runs it.
+pub fn plantstore_on(database_url: &str, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
+        .env_clear()
+        .env("DATABASE_URL", database_url)
+        .args(args)
+        .output()
+        .expect("run plantstore")
+}
+
+/// What a command that must succeed printed.
+pub fn succeeded(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// The one line a refused command ends with.
+pub fn refused(output: &std::process::Output) -> String {
+    assert!(!output.status.success(), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.lines().last().unwrap_or_default().to_owned();
+    assert!(last.starts_with("plantstore: "), "{stderr}");
+    last
 }

@@ -24,14 +24,30 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
             "startup",
             "state",
             "telemetry",
+            "webhooks",
         ],
     ),
     (
         "database",
-        &["auth", "cli", "http", "startup", "state", "telemetry"],
+        &[
+            "auth",
+            "cli",
+            "http",
+            "startup",
+            "state",
+            "telemetry",
+            "webhooks",
+        ],
     ),
-    ("auth", &["cli", "http", "startup", "state", "telemetry"]),
-    ("telemetry", &["cli", "http", "startup", "state"]),
+    (
+        "auth",
+        &["cli", "http", "startup", "state", "telemetry", "webhooks"],
+    ),
+    (
+        "telemetry",
+        &["cli", "http", "startup", "state", "webhooks"],
+    ),
+    ("webhooks", &["auth", "cli", "http", "startup", "state"]),
     ("state", &["cli", "http", "startup"]),
     ("http", &["cli", "startup"]),
 ];

@@ -28,3 +28,4 @@ mod routing;
 mod scale_out;
 mod security;
 mod under_load;
+mod webhooks;

@@ -1,0 +1,411 @@
+//! Deletion events: endpoints added with `plantstore webhooks`, and what a receiver gets
+//! from the running service: every committed delete, signed, in order per plant, again
+//! after failures, once across instances.
+
+use std::{
+    collections::{HashMap, HashSet},
+    process::Output,
+    time::Duration,
+};
+
+use plantstore::{config::Config, startup::Application};
+use reqwest::StatusCode;
+use serde_json::Value;
+
+use crate::{
+    fixtures::receiver::{Receiver, Reply},
+    helpers::{
+        Backend, TestApp, TestDb, plantstore_on, refused, spawn_app_on, succeeded, test_config,
+    },
+    on_both_backends,
+};
+
+on_both_backends!(
+    every_committed_delete_arrives_signed_after_the_receiver_recovers,
+    a_plant_deleted_restored_and_deleted_again_arrives_in_that_order,
+    a_410_disables_the_endpoint_until_it_is_enabled,
+    replay_sends_again_from_an_entry_with_the_same_ids,
+    prune_keeps_what_an_endpoint_has_not_received,
+    two_instances_deliver_each_event_once,
+    each_refused_command_is_one_clear_line,
+);
+
+/// How long the tests wait for deliveries that should take well under a second.
+const WITHIN: Duration = Duration::from_secs(20);
+
+/// Short waits, so retries happen within a test.
+fn quick_retries(config: &mut Config) {
+    config.serve.webhooks.webhook_timeout = Duration::from_millis(500);
+    config.serve.webhooks.webhook_retry_min = Duration::from_millis(50);
+    config.serve.webhooks.webhook_retry_max = Duration::from_millis(300);
+}
+
+async fn spawn(backend: Backend) -> TestApp {
+    spawn_app_on(TestDb::new(backend).await, quick_retries).await
+}
+
+fn plantstore(app: &TestApp, args: &[&str]) -> Output {
+    plantstore_on(&app.db.url, args)
+}
+
+/// Adds `receiver` as an endpoint, and has it verify with the secret printed.
+fn add_endpoint(app: &TestApp, receiver: &Receiver, extra: &[&str]) -> i64 {
+    let mut args = vec!["webhooks", "add", receiver.url.as_str()];
+    args.extend_from_slice(extra);
+    let out = succeeded(&plantstore(app, &args));
+    let secret = out.lines().last().expect("a secret line");
+    assert!(secret.starts_with("whsec_"), "{out}");
+    receiver.verify_with(secret);
+    out.split_whitespace()
+        .nth(3)
+        .and_then(|id| id.parse().ok())
+        .expect("the endpoint id")
+}
+
+fn endpoints(app: &TestApp) -> Vec<Value> {
+    let out = succeeded(&plantstore(app, &["webhooks", "list", "--json"]));
+    match serde_json::from_str(&out) {
+        Ok(Value::Array(list)) => list,
+        other => panic!("not a JSON array: {other:?}\n{out}"),
+    }
+}
+
+/// Waits until the endpoint's cursor is saved past every event.
+async fn wait_until_nothing_pending(app: &TestApp) -> Value {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let list = endpoints(app);
+        if list[0]["pending"] == 0 {
+            return list[0].clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still pending: {list:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn delete_all(app: &TestApp, ids: impl IntoIterator<Item = i64>) {
+    let answers = futures::future::join_all(ids.into_iter().map(|id| app.delete_id(id))).await;
+    for answer in answers {
+        assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    }
+}
+
+/// The webhook-ids of the deletion log's entries, as deletions.
+async fn logged_ids(app: &TestApp) -> HashSet<String> {
+    app.db
+        .deletion_ids()
+        .await
+        .into_iter()
+        .map(|id| format!("deletion_{id}"))
+        .collect()
+}
+
+fn accepted_ids(receiver: &Receiver) -> Vec<String> {
+    receiver.accepted().into_iter().map(|r| r.id).collect()
+}
+
+async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backend: Backend) {
+    let receiver = Receiver::start(
+        &[
+            Reply::Status(500),
+            Reply::Status(503),
+            Reply::Slow(Duration::from_millis(1500)),
+            Reply::Close,
+        ],
+        Reply::Status(204),
+    )
+    .await;
+    let app = spawn(backend).await;
+    add_endpoint(&app, &receiver, &[]);
+    let plants: Vec<i64> = (1..=40).collect();
+    app.add_plants(&plants).await;
+    delete_all(&app, plants.iter().copied()).await;
+
+    let expected = logged_ids(&app).await;
+    assert_eq!(expected.len(), 40);
+    receiver
+        .wait_for(WITHIN, "every delete accepted", |got| {
+            let accepted: HashSet<&str> = got
+                .iter()
+                .filter(|r| r.accepted)
+                .map(|r| r.id.as_str())
+                .collect();
+            expected.iter().all(|id| accepted.contains(id.as_str()))
+        })
+        .await;
+
+    let got = receiver.received();
+    assert!(got.iter().all(|r| r.verified), "unverified: {got:#?}");
+    assert!(
+        got.len() >= 44,
+        "the four failures were retried: {}",
+        got.len()
+    );
+    let mut bodies: HashMap<&str, &str> = HashMap::new();
+    for request in &got {
+        let first = bodies.entry(&request.id).or_insert(&request.body);
+        assert_eq!(
+            *first, request.body,
+            "a retry of {} changed its body",
+            request.id
+        );
+        let data = &request.json["data"];
+        assert_eq!(request.json["type"], "plant.deleted");
+        assert_eq!(request.id, format!("deletion_{}", data["deletion_id"]));
+        assert_eq!(data["caller"], "initial");
+        assert!(data["snapshot"]["name"].is_string(), "{}", request.body);
+        assert!(data.get("restored_at").is_none());
+    }
+    let endpoint = wait_until_nothing_pending(&app).await;
+    assert_eq!(endpoint["state"], "active", "{endpoint}");
+    assert!(endpoint["delivered_through"].is_i64(), "{endpoint}");
+}
+
+async fn a_plant_deleted_restored_and_deleted_again_arrives_in_that_order(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(200)).await;
+    let app = spawn(backend).await;
+    add_endpoint(&app, &receiver, &[]);
+    app.add_plants(&[7]).await;
+    delete_all(&app, [7]).await;
+    let first = app.db.deletion_ids().await[0];
+    succeeded(&plantstore(
+        &app,
+        &["deletions", "restore", &first.to_string(), "--by", "ops"],
+    ));
+    delete_all(&app, [7]).await;
+    let second = app.db.deletion_ids().await[1];
+
+    let expected = vec![
+        format!("deletion_{first}"),
+        format!("restore_{first}"),
+        format!("deletion_{second}"),
+    ];
+    receiver
+        .wait_for(WITHIN, "three events", |got| got.len() >= 3)
+        .await;
+    assert_eq!(accepted_ids(&receiver), expected);
+    let restore = &receiver.accepted()[1];
+    assert!(restore.verified);
+    assert_eq!(restore.json["type"], "plant.restored");
+    assert_eq!(restore.json["data"]["restored_by"], "ops");
+    assert_eq!(restore.json["data"]["plant_id"], 7);
+    assert_eq!(
+        restore.json["timestamp"],
+        restore.json["data"]["restored_at"]
+    );
+}
+
+async fn a_410_disables_the_endpoint_until_it_is_enabled(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(410)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &receiver, &[]);
+    app.add_plants(&[1, 2]).await;
+    delete_all(&app, [1]).await;
+    receiver
+        .wait_for(WITHIN, "one 410", |got| !got.is_empty())
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let endpoint = &endpoints(&app)[0];
+    assert_eq!(endpoint["state"], "disabled", "{endpoint}");
+    assert!(
+        endpoint["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("410"),
+        "{endpoint}"
+    );
+
+    delete_all(&app, [2]).await;
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        receiver.received().len(),
+        1,
+        "a disabled endpoint gets nothing"
+    );
+
+    receiver.set_default(Reply::Status(204));
+    succeeded(&plantstore(&app, &["webhooks", "enable", &id.to_string()]));
+    let expected = logged_ids(&app).await;
+    receiver
+        .wait_for(WITHIN, "both deletes after enable", |got| {
+            let accepted: HashSet<String> = got
+                .iter()
+                .filter(|r| r.accepted)
+                .map(|r| r.id.clone())
+                .collect();
+            accepted == expected
+        })
+        .await;
+    assert_eq!(wait_until_nothing_pending(&app).await["state"], "active");
+}
+
+async fn replay_sends_again_from_an_entry_with_the_same_ids(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &receiver, &[]);
+    app.add_plants(&[1, 2, 3]).await;
+    for plant in [1, 2, 3] {
+        delete_all(&app, [plant]).await;
+    }
+    receiver
+        .wait_for(WITHIN, "three deletes", |got| got.len() == 3)
+        .await;
+    wait_until_nothing_pending(&app).await;
+    let first_round = receiver.accepted();
+
+    let entries = app.db.deletion_ids().await;
+    succeeded(&plantstore(
+        &app,
+        &[
+            "webhooks",
+            "replay",
+            &id.to_string(),
+            "--from",
+            &entries[1].to_string(),
+        ],
+    ));
+    receiver
+        .wait_for(WITHIN, "two replayed", |got| got.len() >= 5)
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got = receiver.accepted();
+    assert_eq!(got.len(), 5, "{got:#?}");
+    // Different plants may arrive in either order; each repeat is the same event.
+    let mut replayed: Vec<&str> = got[3..].iter().map(|r| r.id.as_str()).collect();
+    replayed.sort_unstable();
+    let from_second: Vec<String> = entries[1..]
+        .iter()
+        .map(|id| format!("deletion_{id}"))
+        .collect();
+    assert_eq!(replayed, from_second);
+    for again in &got[3..] {
+        let before = first_round
+            .iter()
+            .find(|r| r.id == again.id)
+            .expect("sent before");
+        assert_eq!(again.body, before.body);
+    }
+}
+
+async fn prune_keeps_what_an_endpoint_has_not_received(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(500)).await;
+    let app = spawn(backend).await;
+    add_endpoint(&app, &receiver, &[]);
+    app.add_plants(&[1, 2, 3]).await;
+    delete_all(&app, [1, 2, 3]).await;
+    receiver
+        .wait_for(WITHIN, "a failed attempt", |got| !got.is_empty())
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let pruned = succeeded(&plantstore(
+        &app,
+        &["deletions", "prune", "--older-than", "0s"],
+    ));
+    assert!(pruned.starts_with("pruned 0 "), "{pruned}");
+    assert_eq!(app.db.deletion_ids().await.len(), 3);
+
+    receiver.set_default(Reply::Status(204));
+    wait_until_nothing_pending(&app).await;
+    succeeded(&plantstore(
+        &app,
+        &["deletions", "prune", "--older-than", "0s"],
+    ));
+    // SQLite keeps its newest entry, so ids never go back behind an endpoint's cursor.
+    let left = app.db.deletion_ids().await.len();
+    let kept = if backend == Backend::Sqlite { 1 } else { 0 };
+    assert_eq!(left, kept);
+}
+
+async fn two_instances_deliver_each_event_once(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let first = spawn(backend).await;
+    let mut config = test_config(&first.db.url);
+    quick_retries(&mut config);
+    let other = Application::build(&config)
+        .await
+        .expect("a second instance");
+    let other_address = format!("http://{}", other.address());
+    tokio::spawn(other.run_until_stopped(std::future::pending()));
+    add_endpoint(&first, &receiver, &[]);
+    // Both instances have claimed (or failed to claim) the lease by now.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let plants: Vec<i64> = (1..=60).collect();
+    first.add_plants(&plants).await;
+    let answers = futures::future::join_all(plants.iter().map(|id| {
+        let address = if id % 2 == 0 {
+            &first.address
+        } else {
+            &other_address
+        };
+        first
+            .client
+            .delete(format!("{address}/plants/{id}"))
+            .bearer_auth(&first.token)
+            .send()
+    }))
+    .await;
+    for answer in answers {
+        assert_eq!(answer.expect("an answer").status(), StatusCode::NO_CONTENT);
+    }
+    let expected = logged_ids(&first).await;
+    receiver
+        .wait_for(WITHIN, "every delete", |got| {
+            expected.iter().all(|id| got.iter().any(|r| &r.id == id))
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let ids: Vec<String> = receiver.received().into_iter().map(|r| r.id).collect();
+    let distinct: HashSet<&String> = ids.iter().collect();
+    assert_eq!(ids.len(), distinct.len(), "repeats: {ids:?}");
+}
+
+async fn each_refused_command_is_one_clear_line(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &receiver, &[]).to_string();
+    let refusals = [
+        (
+            vec!["webhooks", "add", "ftp://example.com/x"],
+            "a webhook URL must be http:// or https://",
+        ),
+        (vec!["webhooks", "add", "not a url"], "is not a URL"),
+        (
+            vec!["webhooks", "add", receiver.url.as_str()],
+            "exists already",
+        ),
+        (
+            vec![
+                "webhooks",
+                "add",
+                "https://example.com/x",
+                "--events",
+                "plant.eaten",
+            ],
+            "unknown event type 'plant.eaten'",
+        ),
+        (
+            vec!["webhooks", "remove", "999"],
+            "no webhook endpoint has id 999",
+        ),
+        (
+            vec!["webhooks", "enable", "999"],
+            "no webhook endpoint has id 999",
+        ),
+        (
+            vec!["webhooks", "replay", &id, "--from", "999"],
+            "no deletion log entry has id 999",
+        ),
+    ];
+    for (args, says) in refusals {
+        let line = refused(&plantstore(&app, &args));
+        assert!(line.contains(says), "{args:?}: {line}");
+    }
+    assert_eq!(endpoints(&app).len(), 1);
+    succeeded(&plantstore(&app, &["webhooks", "remove", &id]));
+    assert!(endpoints(&app).is_empty());
+}
