@@ -24,6 +24,7 @@ from .machine import machine_info, measure_fsync
 from .procs import PROCS
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
 from .service import Service, trim_log, vm_hwm_mib, wait_ready
+from .webhooks import webhook_run, webhook_table
 
 MIN_ROWS = 1_000_000
 # Each deleting run gets its own id range. Service hit runs reached 26,000 deletes a second
@@ -96,6 +97,7 @@ class Plan:
 
     span: int
     hits: dict
+    hooked: dict
     pgbench: dict
     raw_sqlite: tuple
     rows: dict
@@ -107,6 +109,7 @@ def plan_ids(seconds: int) -> Plan:
     raw_span = seconds * RAW_IDS_PER_SECOND
     ids = {b: Ids() for b in BACKENDS}
     hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
+    hooked = {b: ids[b].take(span) for b in BACKENDS}
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
     pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS}
@@ -114,7 +117,7 @@ def plan_ids(seconds: int) -> Plan:
     # overrun only reaches ids that were never seeded (and its check fails).
     raw_sqlite = ids["sqlite"].take(2 * raw_span)
     rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, pgbench, raw_sqlite, rows)
+    return Plan(span, hits, hooked, pgbench, raw_sqlite, rows)
 
 
 class Bench:
@@ -242,6 +245,7 @@ def measure_sqlite(b: Bench) -> None:
         f"p99 {fmt(a['p99_ms'], 3)} ms")
     b.note_check("sqlite-raw", a["check"], describe_blocks_check)
     service_runs(b, "sqlite", b.sq.url, b.sq)
+    webhook_run(b, "sqlite", b.sq.url, b.sq)
     measure_startup(b)
 
 
@@ -273,6 +277,7 @@ def measure_postgres(b: Bench) -> None:
             f"p99 {fmt(a['p99_ms'], 3)} ms  failed: {a['failed']}")
         b.note_check(f"pgbench c={conns}", a["check"], describe_blocks_check)
     service_runs(b, "postgres", b.pg.url, b.pg)
+    webhook_run(b, "postgres", b.pg.url, b.pg)
 
 
 def write_report(b: Bench) -> int:
@@ -283,8 +288,13 @@ def write_report(b: Bench) -> int:
     R["failures"] = b.failures
     table = markdown_table(result_rows(R))
     ttable = targets_table(ts)
-    md = results_markdown(R, table, ttable)
+    wtable = webhook_table(R)
+    md = results_markdown(R, table, ttable) + (
+        "\n## Deletion events\n\nHits at 64 connections with one webhook endpoint (nginx "
+        "`return 204`) beside the same without one; lag: a delete's commit to its receipt.\n\n"
+        + wtable + "\n")
     log("\n" + table + "\n")
+    log(wtable + "\n")
     log(ttable + "\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps(R, indent=2, default=str) + "\n")

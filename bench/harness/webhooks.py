@@ -1,0 +1,139 @@
+"""Deletion events under load: hits at 64 connections with one webhook endpoint (an nginx
+`return 204` that logs when each event arrived), beside the same run without one; the events
+per second and the lag from each delete's commit to its receipt."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+from .checks import describe_hits_check, verify_hits
+from .common import free_port, fmt, fmt_rate, log, percentile
+from .databases import count_range
+from .load import nginx_binary, run_wrk, unexpected
+from .procs import PROCS
+from .service import wait_ready
+
+CONNS = 64
+DRAIN_S = 120
+
+RECEIVER_CONF = """
+worker_processes 1;
+pid {dir}/nginx.pid;
+error_log {dir}/error.log;
+events {{ worker_connections 1024; }}
+http {{
+    log_format hook '$msec $http_webhook_id';
+    access_log {dir}/access.log hook;
+    keepalive_requests 100000000;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    fastcgi_temp_path {dir}/fastcgi;
+    uwsgi_temp_path {dir}/uwsgi;
+    scgi_temp_path {dir}/scgi;
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{ return 204; }}
+    }}
+}}
+"""
+
+
+def start_receiver(work: Path, name: str):
+    rdir = work / f"receiver-{name}"
+    rdir.mkdir()
+    port = free_port()
+    (rdir / "nginx.conf").write_text(RECEIVER_CONF.format(dir=rdir, port=port))
+    proc = PROCS.start([nginx_binary(), "-p", rdir, "-e", rdir / "error.log", "-c",
+                        rdir / "nginx.conf"], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_ready(proc, port, "/", 204, rdir / "error.log", 30, time.perf_counter())
+    return proc, port, rdir / "access.log"
+
+
+def commit_times(db, lo: int, hi: int) -> dict[str, float]:
+    """webhook-id -> the entry's deleted_at in unix seconds, for the plants in [lo, hi)."""
+    where = f"plant_id >= {lo} AND plant_id < {hi}"
+    if hasattr(db, "psql"):
+        out = db.psql(f"SELECT id, extract(epoch FROM deleted_at) FROM plantstore_deletions "
+                      f"WHERE {where}")
+        rows = [line.split("|") for line in out.splitlines() if line]
+    else:
+        con = sqlite3.connect(db.path, timeout=30)
+        try:
+            rows = con.execute("SELECT id, (julianday(deleted_at) - 2440587.5) * 86400.0 "
+                               f"FROM plantstore_deletions WHERE {where}").fetchall()
+        finally:
+            con.close()
+    return {f"deletion_{int(i)}": float(t) for i, t in rows}
+
+
+def pending(b, url: str) -> int:
+    listed = json.loads(b.svc.cli(url, "webhooks", "list", "--json"))
+    return sum(e["pending"] for e in listed)
+
+
+def webhook_run(b, backend: str, url: str, db) -> None:
+    """Hits at c=64 with one endpoint; the service runs until the endpoint has every event."""
+    db.settle(vacuum=True)
+    lo, hi = b.plan.hooked[backend]
+    before = count_range(db, lo, hi)
+    receiver, rport, access = start_receiver(b.work, backend)
+    added = b.svc.cli(url, "webhooks", "add", f"http://127.0.0.1:{rport}/hooks")
+    endpoint = added.split()[3]
+    port = free_port()
+    slog = b.work / f"service-{backend}-hits-webhook-{CONNS}.log"
+    proc = b.svc.start(url, port, slog)
+    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    d = run_wrk(port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
+                b.work / f"wrk-{backend}-hits-webhook-{CONNS}.out")
+    ended = time.time()
+    while pending(b, url) > 0 and time.time() - ended < DRAIN_S:
+        time.sleep(0.2)
+    d["drain_s"] = time.time() - ended
+    d["left_pending"] = pending(b, url)
+    PROCS.stop(proc)
+    PROCS.stop(receiver)
+    b.svc.cli(url, "webhooks", "remove", endpoint)
+    d["unexpected"] = unexpected(d, "204")
+    committed = commit_times(db, lo, hi)
+    received: dict[str, float] = {}
+    for line in access.read_text().splitlines():
+        at, _, hook = line.partition(" ")
+        if hook in committed and hook not in received:
+            received[hook] = float(at)
+    lags = sorted(received[h] - committed[h] for h in received)
+    times = sorted(received.values())
+    d["events"] = len(committed)
+    d["received"] = len(received)
+    d["events_per_s"] = len(times) / (times[-1] - times[0]) if len(times) > 1 else None
+    d["lag_p50_s"] = percentile(lags, 50)
+    d["lag_p99_s"] = percentile(lags, 99)
+    plain = b.R["service"][backend]["hits"][str(CONNS)]["rps"]
+    d["vs_without"] = d["rps"] / plain if plain else None
+    b.R.setdefault("webhooks", {})[backend] = d
+    log(f"{backend:<8} hits+webhook c={CONNS} {fmt_rate(d['rps']):>9} req/s "
+        f"({fmt(d['vs_without'])} of hits without one)  {fmt_rate(d['events_per_s'])} events/s  "
+        f"lag p50 {fmt(d['lag_p50_s'], 3)} s  p99 {fmt(d['lag_p99_s'], 3)} s  "
+        f"received {d['received']:,} of {d['events']:,}  drained {d['drain_s']:.1f} s after wrk")
+    d["check"] = v = verify_hits(db, lo, hi, before, d)
+    b.note_check(f"{backend} hits+webhook c={CONNS}", v, describe_hits_check)
+    if d["received"] != d["events"]:
+        b.failures.append(f"{backend} hits+webhook: {d['events'] - d['received']} events "
+                          "never reached the receiver")
+
+
+def webhook_table(R: dict) -> str:
+    rows = ["| backend | hits c=64 without an endpoint | with one | ratio | events/s | "
+            "lag p50 | lag p99 | received |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for backend, d in R.get("webhooks", {}).items():
+        plain = R["service"][backend]["hits"][str(CONNS)]["rps"]
+        rows.append(f"| {backend} | {fmt_rate(plain)} | {fmt_rate(d['rps'])} | "
+                    f"{fmt(d['vs_without'])} | {fmt_rate(d['events_per_s'])} | "
+                    f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "
+                    f"{d['received']:,} of {d['events']:,} |")
+    return "\n".join(rows)
