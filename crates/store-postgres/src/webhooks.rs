@@ -11,7 +11,7 @@ use sqlx::postgres::PgPool;
 
 use crate::{connection::connection, errors::classify};
 
-#[tracing::instrument(skip(pool, secret))]
+#[tracing::instrument(skip(pool, url, secret))]
 pub(crate) async fn add(
     pool: &PgPool,
     url: &str,
@@ -143,30 +143,42 @@ pub(crate) async fn read(
 ) -> Result<Vec<Event>, StoreError> {
     // Every xid below the snapshot's xmin has ended, so no entry can still commit behind
     // what is read here; an entry of a transaction still running waits for the next read.
+    // Each kind is read in its index's order and cut at `limit`, so a read costs what it
+    // returns, not the whole backlog.
+    let (deletes_xid, deletes_id) = after.after_for(0);
+    let (restores_xid, restores_id) = after.after_for(1);
     let rows = sqlx::query_as!(
         EventRow,
-        r#"WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
-           events AS (
-               SELECT d.xid::TEXT::BIGINT AS pos, 0::BIGINT AS kind, d.*
-               FROM plantstore_deletions d, horizon
-               WHERE d.xid >= GREATEST($1::BIGINT, 0)::TEXT::xid8 AND d.xid < horizon.xmin
-               UNION ALL
-               SELECT d.restored_xid::TEXT::BIGINT, 1, d.*
-               FROM plantstore_deletions d, horizon
-               WHERE d.restored_xid >= GREATEST($1::BIGINT, 0)::TEXT::xid8
-                 AND d.restored_xid < horizon.xmin
-           )
+        r#"WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
            SELECT pos AS "pos!", kind AS "kind!", id AS "id!", plant_id AS "plant_id!",
                   token_name AS "caller!", request_id AS "request_id!", idempotency_key,
-                  deleted_at AS "deleted_at!", snapshot::TEXT AS snapshot, restored_at,
-                  restored_by
-           FROM events
-           WHERE (pos, kind, id) > ($1::BIGINT, $2::BIGINT, $3::BIGINT)
+                  deleted_at AS "deleted_at!", snapshot, restored_at, restored_by
+           FROM (
+               (SELECT d.xid::TEXT::BIGINT AS pos, 0::BIGINT AS kind, d.id, d.plant_id,
+                       d.token_name, d.request_id, d.idempotency_key, d.deleted_at,
+                       d.snapshot::TEXT AS snapshot, d.restored_at, d.restored_by
+                FROM plantstore_deletions d
+                WHERE (d.xid, d.id) > (GREATEST($1::BIGINT, 0)::TEXT::xid8, $2::BIGINT)
+                  AND d.xid < (SELECT xmin FROM horizon)
+                ORDER BY d.xid, d.id
+                LIMIT $5)
+               UNION ALL
+               (SELECT d.restored_xid::TEXT::BIGINT, 1, d.id, d.plant_id,
+                       d.token_name, d.request_id, d.idempotency_key, d.deleted_at,
+                       d.snapshot::TEXT, d.restored_at, d.restored_by
+                FROM plantstore_deletions d
+                WHERE d.restored_xid IS NOT NULL
+                  AND (d.restored_xid, d.id) > (GREATEST($3::BIGINT, 0)::TEXT::xid8, $4::BIGINT)
+                  AND d.restored_xid < (SELECT xmin FROM horizon)
+                ORDER BY d.restored_xid, d.id
+                LIMIT $5)
+           ) AS events
            ORDER BY pos, kind, id
-           LIMIT $4"#,
-        after.pos,
-        after.kind,
-        after.id,
+           LIMIT $5"#,
+        deletes_xid,
+        deletes_id,
+        restores_xid,
+        restores_id,
         limit
     )
     .fetch_all(&mut *connection(pool).await?)

@@ -13,7 +13,7 @@ use sqlx::SqlitePool;
 
 use crate::{errors::classify, writer::WriteConnection};
 
-#[tracing::instrument(skip(writer, secret))]
+#[tracing::instrument(skip(writer, url, secret))]
 pub(crate) async fn add(
     writer: &WriteConnection,
     url: &str,
@@ -157,6 +157,10 @@ pub(crate) async fn read(
     after: StreamPosition,
     limit: i64,
 ) -> Result<Vec<Event>, StoreError> {
+    // Each kind is read in its index's order and cut at `limit`, so a read costs what it
+    // returns, not the whole backlog.
+    let (deletes_pos, deletes_id) = after.after_for(0);
+    let (restores_pos, restores_id) = after.after_for(1);
     let rows = sqlx::query_as!(
         EventRow,
         r#"SELECT pos AS "pos!: i64", kind AS "kind!: i64", id AS "id!: i64",
@@ -165,20 +169,28 @@ pub(crate) async fn read(
                   deleted_at AS "deleted_at!: DateTime<Utc>", snapshot AS "snapshot?: String",
                   restored_at AS "restored_at?: DateTime<Utc>", restored_by AS "restored_by?: String"
            FROM (
-               SELECT id AS pos, 0 AS kind, id, plant_id, token_name, request_id,
-                      idempotency_key, deleted_at, snapshot, restored_at, restored_by
-               FROM plantstore_deletions WHERE id >= ?1
+               SELECT * FROM (
+                   SELECT id AS pos, 0 AS kind, id, plant_id, token_name, request_id,
+                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
+                   FROM plantstore_deletions
+                   WHERE id >= ?1 AND (id, id) > (?1, ?2)
+                   ORDER BY id
+                   LIMIT ?5)
                UNION ALL
-               SELECT restored_pos, 1, id, plant_id, token_name, request_id,
-                      idempotency_key, deleted_at, snapshot, restored_at, restored_by
-               FROM plantstore_deletions WHERE restored_pos >= ?1
+               SELECT * FROM (
+                   SELECT restored_pos AS pos, 1 AS kind, id, plant_id, token_name, request_id,
+                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
+                   FROM plantstore_deletions
+                   WHERE restored_pos >= ?3 AND (restored_pos, id) > (?3, ?4)
+                   ORDER BY restored_pos, id
+                   LIMIT ?5)
            )
-           WHERE (pos, kind, id) > (?1, ?2, ?3)
            ORDER BY pos, kind, id
-           LIMIT ?4"#,
-        after.pos,
-        after.kind,
-        after.id,
+           LIMIT ?5"#,
+        deletes_pos,
+        deletes_id,
+        restores_pos,
+        restores_id,
         limit
     )
     .fetch_all(readers)

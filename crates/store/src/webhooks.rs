@@ -18,6 +18,19 @@ pub struct StreamPosition {
     pub id: i64,
 }
 
+impl StreamPosition {
+    /// The `(pos, id)` that the events of `kind` must be above to come after this
+    /// position: so each kind is read from its own index, in its own order, and only as
+    /// far as needed.
+    pub fn after_for(self, kind: i64) -> (i64, i64) {
+        match kind.cmp(&self.kind) {
+            std::cmp::Ordering::Greater => (self.pos, i64::MIN),
+            std::cmp::Ordering::Equal => (self.pos, self.id),
+            std::cmp::Ordering::Less => (self.pos, i64::MAX),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EventKind {
     Deleted,
@@ -210,4 +223,29 @@ pub trait Webhooks: Send + Sync {
 
     /// Gives up every lease `owner` holds, so another instance takes over at once.
     async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_is_read_from_just_after_the_position() {
+        let at = |pos, kind, id| StreamPosition { pos, kind, id };
+        for cursor in [at(10, 0, 5), at(10, 1, 5), at(10, 2, 0), at(10, 0, 9)] {
+            for kind in [0, 1] {
+                let (pos, id) = cursor.after_for(kind);
+                for event_pos in 9..=11 {
+                    for event_id in [i64::MIN + 1, 4, 5, 6, 100] {
+                        let event = at(event_pos, kind, event_id);
+                        assert_eq!(
+                            event > cursor,
+                            (event_pos, event_id) > (pos, id),
+                            "{event:?} after {cursor:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
