@@ -13,7 +13,7 @@ use plantstore_store::{DeliveryReport, Event, Lease, Store, StreamPosition};
 use tokio::{
     sync::watch,
     task::JoinSet,
-    time::{Instant, sleep},
+    time::{Instant, sleep, sleep_until},
 };
 
 use super::{
@@ -29,6 +29,9 @@ const IN_FLIGHT: usize = 32;
 /// How often the log is read when no delete of this instance rang: for the deletes of
 /// other instances and processes.
 const POLL: Duration = Duration::from_millis(500);
+/// The shortest time between two reads that found the log's end: under load the bell rings
+/// with every delete, and a read per ring would cost a query per event.
+const READ_GAP: Duration = Duration::from_millis(20);
 /// The longest the cursor goes unsaved while it moves.
 const SAVE_EVERY: Duration = Duration::from_millis(200);
 
@@ -104,11 +107,19 @@ impl EndpointDelivery {
         let mut ready: VecDeque<(Event, u32, Duration)> = VecDeque::new();
         let mut in_flight: JoinSet<Tried> = JoinSet::new();
         let mut failing: Option<(String, chrono::DateTime<Utc>)> = None;
+        // Whether the log may hold more than was read: false after a read came back short,
+        // until the bell or the poll says there may be new events.
+        let mut more = true;
+        let mut next_read = Instant::now();
         loop {
-            if window.events.len() < WINDOW {
-                let room = (WINDOW - window.events.len()) as i64;
-                match self.store.read_events(read_to, room).await {
+            let room = WINDOW - window.events.len();
+            if more && room >= WINDOW / 4 && Instant::now() >= next_read {
+                match self.store.read_events(read_to, room as i64).await {
                     Ok(events) => {
+                        if events.len() < room {
+                            more = false;
+                            next_read = Instant::now() + READ_GAP;
+                        }
                         for event in events {
                             read_to = event.position;
                             let wanted = self.lease.events.contains(event.kind.name());
@@ -125,7 +136,8 @@ impl EndpointDelivery {
                         }
                     }
                     Err(err) => {
-                        tracing::warn!(error = %err, "cannot read the deletion log for webhooks")
+                        more = false;
+                        tracing::warn!(error = %err, "cannot read the deletion log for webhooks");
                     }
                 }
             }
@@ -189,9 +201,14 @@ impl EndpointDelivery {
                     if rung.is_err() {
                         sleep(POLL).await;
                     }
+                    more = true;
                     continue;
                 }
-                () = sleep(POLL) => continue,
+                () = sleep_until(next_read), if more && Instant::now() < next_read => continue,
+                () = sleep(POLL) => {
+                    more = true;
+                    continue;
+                }
             };
             let Ok(Tried {
                 event,
