@@ -4,11 +4,14 @@
 -- Ids are taken before a transaction commits, so they do not follow commit order: a reader
 -- going by id skips entries that commit late. A transaction's id (xid) does, once every
 -- transaction older than the reader's snapshot has ended; the stream is read in
--- (xid, id) order up to that horizon. Old entries get this migration's xid.
+-- (xid, id) order up to that horizon. Added without a default, then given one: a volatile
+-- default on ADD COLUMN would rewrite the whole log under an exclusive lock, stopping
+-- deletes for as long. Entries from before keep NULL: they are no events.
 ALTER TABLE plantstore_deletions
-    ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    ADD COLUMN xid xid8,
     -- The restore's transaction: a restore is an event of its own, after its delete.
     ADD COLUMN restored_xid xid8;
+ALTER TABLE plantstore_deletions ALTER COLUMN xid SET DEFAULT pg_current_xact_id();
 
 CREATE INDEX plantstore_deletions_stream ON plantstore_deletions (xid, id);
 CREATE INDEX plantstore_deletions_restores ON plantstore_deletions (restored_xid, id)

@@ -89,7 +89,9 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
                 println!("webhook endpoint {id} gets the events from deletion {from} on again");
             }
             ReplayOutcome::NoEndpoint => bail!("no webhook endpoint has id {id}"),
-            ReplayOutcome::NoEntry => bail!("no deletion log entry has id {from}"),
+            ReplayOutcome::NoEntry => bail!(
+                "no deletion log entry has id {from} (or, on PostgreSQL, it was logged before deletion events existed)"
+            ),
         },
     }
     Ok(())

@@ -88,7 +88,7 @@ pub(crate) async fn replay(pool: &PgPool, id: i64, from: i64) -> Result<ReplayOu
          SET cursor_pos = d.xid::TEXT::BIGINT, cursor_kind = 0, cursor_id = d.id - 1,
              generation = e.generation + 1
          FROM plantstore_deletions d
-         WHERE e.id = $1 AND d.id = $2",
+         WHERE e.id = $1 AND d.id = $2 AND d.xid IS NOT NULL",
         id,
         from
     )
