@@ -19,9 +19,12 @@ RUN cargo chef cook --release --locked --recipe-path recipe.json --bin plantstor
 COPY . .
 RUN cargo build --release --locked --bin plantstore
 
-# Run: a slim base, the one binary, a non-root user. TLS roots are built into the binary.
+# Run: a slim base, the one binary, a non-root user. PostgreSQL's TLS roots are built into
+# the binary; webhook deliveries and a JWKS URL use the system's, copied from the build stage
+# (the slim base has none).
 FROM debian:bookworm-slim
 RUN useradd --system --uid 10001 --user-group --home-dir /data --create-home plantstore
+COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /src/target/release/plantstore /usr/local/bin/plantstore
 USER plantstore:plantstore
 WORKDIR /data

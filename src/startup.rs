@@ -189,7 +189,7 @@ fn deliveries(
     if settings.webhook_timeout.is_zero() {
         anyhow::bail!("PLANTSTORE_WEBHOOK_TIMEOUT must be above zero");
     }
-    Deliveries::new(
+    Ok(Deliveries::new(
         store,
         webhooks::Settings {
             timeout: settings.webhook_timeout,
@@ -201,8 +201,7 @@ fn deliveries(
         metrics,
         bell,
         lease_owner(address),
-    )
-    .context("cannot set up the webhook client")
+    ))
 }
 
 /// This instance's name in webhook leases: its host and the address it serves on, which

@@ -26,19 +26,25 @@ pub(super) enum Attempt {
 /// The keep-alive client every endpoint's deliveries share.
 #[derive(Debug, Clone)]
 pub(super) struct Sender {
-    client: reqwest::Client,
+    /// Why there is none (no CA certificates on the machine, say): every attempt then fails
+    /// with it, so `webhooks list` shows it, rather than the service not starting.
+    client: Result<reqwest::Client, String>,
 }
 
 impl Sender {
     /// No redirects followed: a receiver moved is a failure an operator should see, not a
     /// place to send signed events to unasked.
-    pub(super) fn new(timeout: Duration) -> reqwest::Result<Self> {
+    pub(super) fn new(timeout: Duration) -> Self {
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .redirect(reqwest::redirect::Policy::none())
             .user_agent(concat!("plantstore/", env!("CARGO_PKG_VERSION")))
-            .build()?;
-        Ok(Self { client })
+            .build()
+            .map_err(|err| format!("cannot make an HTTP client: {}", one_line(&err)));
+        if let Err(err) = &client {
+            tracing::error!(error = %err, "webhook deliveries will fail until this is fixed");
+        }
+        Self { client }
     }
 
     /// POSTs `event` to `url`, signed with `secret`.
@@ -52,8 +58,16 @@ impl Sender {
                 retry_after: None,
             };
         };
-        let sent = self
-            .client
+        let client = match &self.client {
+            Ok(client) => client,
+            Err(error) => {
+                return Attempt::Failed {
+                    error: error.clone(),
+                    retry_after: None,
+                };
+            }
+        };
+        let sent = client
             .post(url)
             .header(header::CONTENT_TYPE, "application/json")
             .header("webhook-id", id)

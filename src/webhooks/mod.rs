@@ -71,15 +71,15 @@ impl Deliveries {
         metrics: Arc<Metrics>,
         bell: Bell,
         owner: String,
-    ) -> reqwest::Result<Self> {
-        Ok(Self {
-            sender: Sender::new(settings.timeout)?,
+    ) -> Self {
+        Self {
+            sender: Sender::new(settings.timeout),
             store,
             settings,
             metrics,
             owner: owner.into(),
             bell,
-        })
+        }
     }
 
     /// Claims endpoints and delivers to them until `stop` resolves; then gives up its
