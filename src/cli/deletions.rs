@@ -113,9 +113,7 @@ fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-/// One entry of `list --json`. The snapshot is written out as the database stored it:
-/// parsing it would round a NUMERIC of many digits to a double, and refuse the 9e999
-/// SQLite writes for an infinite REAL.
+/// One entry of `list --json`, the snapshot as the database stored it.
 #[derive(serde::Serialize)]
 struct JsonEntry<'a> {
     id: i64,
@@ -139,19 +137,12 @@ fn as_json(entries: &[DeletionRecord]) -> serde_json::Result<String> {
             request_id: &entry.request_id,
             idempotency_key: entry.idempotency_key.as_deref(),
             deleted_at: time(entry.deleted_at),
-            snapshot: entry.snapshot.as_deref().map(raw_json),
+            snapshot: entry.snapshot_json(),
             restored_at: entry.restored_at.map(time),
             restored_by: entry.restored_by.as_deref(),
         })
         .collect();
     serde_json::to_string(&entries)
-}
-
-/// `text` as JSON; should it not be JSON, as a JSON string of it.
-fn raw_json(text: &str) -> Box<RawValue> {
-    RawValue::from_string(text.to_owned())
-        .or_else(|_| serde_json::value::to_raw_value(text))
-        .unwrap_or_default()
 }
 
 fn print_table(entries: &[DeletionRecord]) {

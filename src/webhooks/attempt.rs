@@ -135,13 +135,9 @@ struct Data<'a> {
 pub(super) fn body(event: &Event) -> String {
     let entry = &event.entry;
     let restored = event.kind == EventKind::Restored;
-    let at = match (restored, entry.restored_at) {
-        (true, Some(restored_at)) => restored_at,
-        _ => entry.deleted_at,
-    };
     let body = Body {
         kind: event.kind.name(),
-        timestamp: time(at),
+        timestamp: time(event.happened_at()),
         data: Data {
             deletion_id: entry.id,
             plant_id: entry.plant_id,
@@ -149,7 +145,7 @@ pub(super) fn body(event: &Event) -> String {
             request_id: &entry.request_id,
             idempotency_key: entry.idempotency_key.as_deref(),
             deleted_at: time(entry.deleted_at),
-            snapshot: entry.snapshot.as_deref().map(raw_json),
+            snapshot: entry.snapshot_json(),
             restored_at: entry.restored_at.filter(|_| restored).map(time),
             restored_by: entry.restored_by.as_deref().filter(|_| restored),
         },
@@ -160,13 +156,6 @@ pub(super) fn body(event: &Event) -> String {
 
 fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
-
-/// The snapshot as the database stored it; should it not be JSON, as a JSON string of it.
-fn raw_json(text: &str) -> Box<RawValue> {
-    RawValue::from_string(text.to_owned())
-        .or_else(|_| serde_json::value::to_raw_value(text))
-        .unwrap_or_default()
 }
 
 /// `Retry-After` in seconds; the HTTP-date form is taken as "no advice".

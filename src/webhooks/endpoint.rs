@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use plantstore_store::{DeliveryReport, Event, Lease, Store, StreamPosition};
 use tokio::{
     sync::watch,
@@ -106,7 +106,7 @@ impl EndpointDelivery {
         let mut behind: HashMap<i64, VecDeque<Event>> = HashMap::new();
         let mut ready: VecDeque<(Event, u32, Duration)> = VecDeque::new();
         let mut in_flight: JoinSet<Tried> = JoinSet::new();
-        let mut failing: Option<(String, chrono::DateTime<Utc>)> = None;
+        let mut failing: Option<(String, DateTime<Utc>)> = None;
         // Whether the log may hold more than was read: false after a read came back short,
         // until the bell or the poll says there may be new events.
         let mut more = true;
@@ -150,12 +150,9 @@ impl EndpointDelivery {
                 in_flight.spawn(async move {
                     sleep(wait).await;
                     let attempt = sender.post(&url, &secret, &event).await;
-                    let at = match event.kind {
-                        plantstore_store::EventKind::Restored => event.entry.restored_at,
-                        plantstore_store::EventKind::Deleted => None,
-                    }
-                    .unwrap_or(event.entry.deleted_at);
-                    let lag = (Utc::now() - at).to_std().unwrap_or_default();
+                    let lag = (Utc::now() - event.happened_at())
+                        .to_std()
+                        .unwrap_or_default();
                     Tried {
                         event,
                         failures,
@@ -170,17 +167,7 @@ impl EndpointDelivery {
             }
             let due = window.events.is_empty() || last_save.elapsed() >= SAVE_EVERY;
             if cursor != saved && due {
-                let report = DeliveryReport {
-                    cursor,
-                    delivered_through,
-                    state: if failing.is_some() {
-                        "failing"
-                    } else {
-                        "active"
-                    },
-                    last_error: failing.as_ref().map(|(error, _)| error.clone()),
-                    next_attempt_at: failing.as_ref().map(|(_, at)| *at),
-                };
+                let report = progress(cursor, delivered_through, &failing);
                 match self
                     .store
                     .report_delivery(&self.lease, &self.owner, &report)
@@ -260,14 +247,8 @@ impl EndpointDelivery {
                     let wait = self.backoff.after(failures, retry_after);
                     tracing::info!(webhook_id = %super::attempt::webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
                     let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
-                    let report = DeliveryReport {
-                        cursor,
-                        delivered_through,
-                        state: "failing",
-                        last_error: Some(error.clone()),
-                        next_attempt_at: Some(next),
-                    };
                     failing = Some((error, next));
+                    let report = progress(cursor, delivered_through, &failing);
                     match self
                         .store
                         .report_delivery(&self.lease, &self.owner, &report)
@@ -281,5 +262,25 @@ impl EndpointDelivery {
                 }
             }
         }
+    }
+}
+
+/// How far delivery got, and whether its last attempt failed (with what, and when the
+/// next one is).
+fn progress(
+    cursor: StreamPosition,
+    delivered_through: Option<i64>,
+    failing: &Option<(String, DateTime<Utc>)>,
+) -> DeliveryReport {
+    DeliveryReport {
+        cursor,
+        delivered_through,
+        state: if failing.is_some() {
+            "failing"
+        } else {
+            "active"
+        },
+        last_error: failing.as_ref().map(|(error, _)| error.clone()),
+        next_attempt_at: failing.as_ref().map(|(_, at)| *at),
     }
 }

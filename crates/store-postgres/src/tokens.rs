@@ -1,7 +1,7 @@
 //! API tokens as stored: hashes and dates, never a secret.
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord};
+use plantstore_store::{StoreError, TokenRecord, found};
 use sqlx::postgres::PgPool;
 
 use crate::{connection::connection, errors::classify};
@@ -46,10 +46,7 @@ pub(crate) async fn revoke(pool: &PgPool, name: &str, at: DateTime<Utc>) -> Resu
     .execute(&mut *connection(pool).await?)
     .await
     .map_err(classify)?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
-    Ok(())
+    found(done.rows_affected())
 }
 
 #[tracing::instrument(skip(pool))]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use plantstore_store::{
     DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
-    StreamPosition,
+    StreamPosition, found,
 };
 use sqlx::postgres::PgPool;
 
@@ -228,12 +228,4 @@ pub(crate) async fn release(pool: &PgPool, owner: &str) -> Result<(), StoreError
     .await
     .map_err(classify)?;
     Ok(())
-}
-
-fn found(rows: u64) -> Result<(), StoreError> {
-    if rows == 0 {
-        Err(StoreError::NotFound)
-    } else {
-        Ok(())
-    }
 }

@@ -1,7 +1,7 @@
 //! API tokens as stored: hashes and dates, never a secret.
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord};
+use plantstore_store::{StoreError, TokenRecord, found};
 use sqlx::SqlitePool;
 
 use crate::{errors::classify, writer::WriteConnection};
@@ -56,10 +56,7 @@ pub(crate) async fn revoke(
     .execute(writer.lock().await?.conn()?)
     .await
     .map_err(classify)?;
-    if done.rows_affected() == 0 {
-        return Err(StoreError::NotFound);
-    }
-    Ok(())
+    found(done.rows_affected())
 }
 
 #[tracing::instrument(skip(readers))]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
-    StreamPosition,
+    StreamPosition, found,
 };
 use sqlx::SqlitePool;
 
@@ -240,12 +240,4 @@ pub(crate) async fn release(writer: &WriteConnection, owner: &str) -> Result<(),
     .await
     .map_err(classify)?;
     Ok(())
-}
-
-fn found(rows: u64) -> Result<(), StoreError> {
-    if rows == 0 {
-        Err(StoreError::NotFound)
-    } else {
-        Ok(())
-    }
 }

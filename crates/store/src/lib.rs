@@ -17,7 +17,7 @@ pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
 pub use deadline::{
     LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
 };
-pub use error::StoreError;
+pub use error::{StoreError, found};
 pub use findings::{Findings, keyed_outcome};
 pub use kept::KeptConnections;
 pub use log::{

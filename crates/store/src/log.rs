@@ -2,6 +2,7 @@
 //! was refused.
 
 use chrono::{DateTime, Utc};
+use serde_json::value::RawValue;
 
 use crate::StoreError;
 
@@ -28,6 +29,20 @@ pub struct DeletionRecord {
     pub snapshot: Option<String>,
     pub restored_at: Option<DateTime<Utc>>,
     pub restored_by: Option<String>,
+}
+
+impl DeletionRecord {
+    /// The snapshot as the database stored it, not parsed: parsing would round a NUMERIC
+    /// of many digits to a double, and refuse the 9e999 SQLite writes for an infinite
+    /// REAL. Should it not be JSON, a JSON string of it.
+    pub fn snapshot_json(&self) -> Option<Box<RawValue>> {
+        let text = self.snapshot.as_deref()?;
+        Some(
+            RawValue::from_string(text.to_owned())
+                .or_else(|_| serde_json::value::to_raw_value(text))
+                .unwrap_or_default(),
+        )
+    }
 }
 
 /// Which entries `Store::list_deletions` returns, newest first; `None` matches all.

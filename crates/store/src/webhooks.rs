@@ -63,6 +63,16 @@ pub struct Event {
     pub entry: DeletionRecord,
 }
 
+impl Event {
+    /// When it happened: the restore's time for a restore, else the delete's.
+    pub fn happened_at(&self) -> DateTime<Utc> {
+        match (self.kind, self.entry.restored_at) {
+            (EventKind::Restored, Some(restored_at)) => restored_at,
+            _ => self.entry.deleted_at,
+        }
+    }
+}
+
 /// An event as both backends select it; `kind` 0 is a delete, 1 a restore.
 #[derive(Debug)]
 pub struct EventRow {
