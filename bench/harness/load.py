@@ -50,14 +50,14 @@ def fmt_unexpected(odd: dict) -> str:
     return "none" if not odd else ", ".join(f"{k}: {v}" for k, v in odd.items())
 
 
-NGINX_CONF = """# bench/run: the HTTP ceiling, nginx answering every request with 204 on loopback.
+NGINX_CONF = """# bench/run: nginx answering every request with 204 on loopback.
 worker_processes auto;
 daemon off;
 pid {dir}/nginx.pid;
 error_log {dir}/error.log;
 events {{ worker_connections 4096; }}
 http {{
-    access_log off;
+    {access_log}
     # One connection serves the whole run, as the service's keep-alive does (nginx would
     # otherwise close it every 1,000 requests).
     keepalive_requests 100000000;
@@ -81,17 +81,24 @@ def nginx_binary() -> str:
     return path
 
 
-def nginx_anchor(work: Path, seconds: int) -> dict:
-    """nginx's `return 204` under the same wrk requests as the 401s, at each connection count."""
-    ndir = work / "nginx"
+def start_nginx(ndir: Path, access_log: str = "access_log off;"):
+    """nginx `return 204` in the foreground on a free port, its files in `ndir`; the process
+    and the port."""
     ndir.mkdir()
     nport = free_port()
-    (ndir / "nginx.conf").write_text(NGINX_CONF.format(dir=ndir, port=nport))
+    (ndir / "nginx.conf").write_text(NGINX_CONF.format(dir=ndir, port=nport,
+                                                       access_log=access_log))
     with open(ndir / "stderr.log", "wb") as nerr:
         nginx = PROCS.start([nginx_binary(), "-p", ndir, "-e", ndir / "error.log", "-c",
                              ndir / "nginx.conf"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=nerr)
     wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30, time.perf_counter())
+    return nginx, nport
+
+
+def nginx_anchor(work: Path, seconds: int) -> dict:
+    """nginx's `return 204` under the same wrk requests as the 401s, at each connection count."""
+    nginx, nport = start_nginx(work / "nginx")
     runs = {}
     for conns in CONNS:
         d = run_wrk(nport, "noauth", conns, NOAUTH_FIRST, 0, seconds, "",

@@ -6,51 +6,25 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
 import time
 from pathlib import Path
 
 from .checks import describe_hits_check, verify_hits
-from .common import free_port, fmt, fmt_rate, log, percentile
+from .common import fmt, fmt_rate, free_port, log, percentile
 from .databases import count_range
-from .load import nginx_binary, run_wrk, unexpected
+from .load import run_wrk, start_nginx, unexpected
 from .procs import PROCS
 from .service import wait_ready
 
 CONNS = 64
 DRAIN_S = 120
 
-RECEIVER_CONF = """
-worker_processes 1;
-pid {dir}/nginx.pid;
-error_log {dir}/error.log;
-events {{ worker_connections 1024; }}
-http {{
-    log_format hook '$msec $http_webhook_id';
-    access_log {dir}/access.log hook;
-    keepalive_requests 100000000;
-    client_body_temp_path {dir}/client_body;
-    proxy_temp_path {dir}/proxy;
-    fastcgi_temp_path {dir}/fastcgi;
-    uwsgi_temp_path {dir}/uwsgi;
-    scgi_temp_path {dir}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        location / {{ return 204; }}
-    }}
-}}
-"""
-
-
 def start_receiver(work: Path, name: str):
+    """The anchor's nginx, logging when each POST arrived and its webhook-id."""
     rdir = work / f"receiver-{name}"
-    rdir.mkdir()
-    port = free_port()
-    (rdir / "nginx.conf").write_text(RECEIVER_CONF.format(dir=rdir, port=port))
-    proc = PROCS.start([nginx_binary(), "-p", rdir, "-e", rdir / "error.log", "-c",
-                        rdir / "nginx.conf"], stdin=subprocess.DEVNULL,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    wait_ready(proc, port, "/", 204, rdir / "error.log", 30, time.perf_counter())
+    access = (f"log_format hook '$msec $http_webhook_id'; "
+              f"access_log {rdir}/access.log hook;")
+    proc, port = start_nginx(rdir, access)
     return proc, port, rdir / "access.log"
 
 
