@@ -29,6 +29,9 @@ const IN_FLIGHT: usize = 32;
 /// How often the log is read when no delete of this instance rang: for the deletes of
 /// other instances and processes.
 const POLL: Duration = Duration::from_millis(500);
+/// The same while their commits are announced (PostgreSQL): for an announcement lost, and
+/// for events held back by a transaction that was still running when they were announced.
+const POLL_HEARING: Duration = Duration::from_secs(2);
 /// The shortest time between two reads that found the log's end: under load the bell rings
 /// with every delete, and a read per ring would cost a query per event.
 const READ_GAP: Duration = Duration::from_millis(20);
@@ -61,6 +64,8 @@ pub(super) struct EndpointDelivery {
     pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
     pub(super) wake: watch::Receiver<u64>,
+    /// Changes when another process announces events, where the database carries that.
+    pub(super) heard: Option<watch::Receiver<u64>>,
 }
 
 /// What has been read ahead of the cursor, in stream order, and which of it is delivered.
@@ -111,6 +116,11 @@ impl EndpointDelivery {
         // until the bell or the poll says there may be new events.
         let mut more = true;
         let mut next_read = Instant::now();
+        let poll = if self.heard.is_some() {
+            POLL_HEARING
+        } else {
+            POLL
+        };
         loop {
             let room = WINDOW - window.events.len();
             if more && room >= WINDOW / 4 && Instant::now() >= next_read {
@@ -191,8 +201,16 @@ impl EndpointDelivery {
                     more = true;
                     continue;
                 }
+                heard = changed(&mut self.heard) => {
+                    if heard.is_err() {
+                        // The store stopped listening: the poll still reads.
+                        self.heard = None;
+                    }
+                    more = true;
+                    continue;
+                }
                 () = sleep_until(next_read), if more && Instant::now() < next_read => continue,
-                () = sleep(POLL) => {
+                () = sleep(poll) => {
                     more = true;
                     continue;
                 }
@@ -262,6 +280,14 @@ impl EndpointDelivery {
                 }
             }
         }
+    }
+}
+
+/// Resolves when `heard` changes; never when there is nothing to hear.
+async fn changed(heard: &mut Option<watch::Receiver<u64>>) -> Result<(), watch::error::RecvError> {
+    match heard {
+        Some(heard) => heard.changed().await,
+        None => std::future::pending().await,
     }
 }
 

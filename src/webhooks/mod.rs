@@ -1,6 +1,7 @@
 //! Deletion events delivered to webhook endpoints: which endpoints this instance delivers
 //! to (a lease each, renewed while it runs), started and stopped as leases come and go.
 
+mod announcer;
 mod attempt;
 mod backoff;
 mod endpoint;
@@ -8,7 +9,7 @@ pub mod signature;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
-use plantstore_store::Store;
+use plantstore_store::{Announcements, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
 use attempt::Sender;
@@ -41,6 +42,8 @@ pub struct Deliveries {
     owner: Arc<str>,
     sender: Sender,
     bell: Bell,
+    /// Between this instance and the others, where the database carries it.
+    announcements: Option<Arc<dyn Announcements>>,
 }
 
 /// Rung after each delete this instance commits, so its deliveries read the log at once
@@ -77,6 +80,7 @@ impl Deliveries {
     ) -> Self {
         Self {
             sender: Sender::new(settings.timeout),
+            announcements: store.announcements(),
             store,
             settings,
             metrics,
@@ -89,9 +93,18 @@ impl Deliveries {
     /// leases, so another instance takes over without waiting for them to run out.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
+        let (announcing, needed) = watch::channel(false);
+        let announce = async {
+            match &self.announcements {
+                Some(announcements) => {
+                    announcer::announce(Arc::clone(announcements), self.bell.clone(), needed).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         tokio::pin!(stop);
         tokio::select! {
-            () = self.claim_and_deliver(&mut running) => {},
+            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing), announce) } => {},
             () = &mut stop => {},
         }
         running.clear();
@@ -100,14 +113,24 @@ impl Deliveries {
         }
     }
 
-    async fn claim_and_deliver(&self, running: &mut HashMap<i64, Running>) {
+    /// Claims and renews leases each second, runs a delivery per lease, listens for the
+    /// other instances' announcements while it holds any, and sets `announcing` while
+    /// another instance may hold one.
+    async fn claim_and_deliver(
+        &self,
+        running: &mut HashMap<i64, Running>,
+        announcing: &watch::Sender<bool>,
+    ) {
         let mut every = tokio::time::interval(CLAIM_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renewed = tokio::time::Instant::now();
+        // Endpoints not disabled, as last counted.
+        let mut active = 0;
+        let mut heard: Option<watch::Receiver<u64>> = None;
         for round in 0u32.. {
             every.tick().await;
             if round % COUNT_EVERY == 0 {
-                self.count_pending().await;
+                active = self.count_pending().await.unwrap_or(active);
             }
             let leases = match self.store.claim_endpoints(&self.owner, LEASE).await {
                 Ok(leases) => leases,
@@ -122,6 +145,15 @@ impl Deliveries {
                 }
             };
             renewed = tokio::time::Instant::now();
+            announcing.send_if_modified(|announcing| {
+                let others = active > leases.len();
+                std::mem::replace(announcing, others) != others
+            });
+            if leases.is_empty() {
+                heard = None;
+            } else if heard.is_none() {
+                heard = self.announcements.as_ref().map(|heard| heard.listen());
+            }
             // Stop what is no longer ours, has ended, or was moved to a new generation.
             running.retain(|id, task| {
                 !task.0.is_finished()
@@ -143,21 +175,32 @@ impl Deliveries {
                     backoff: self.settings.backoff,
                     metrics: Arc::clone(&self.metrics),
                     wake: self.bell.listen(),
+                    heard: heard.clone(),
                 };
                 running.insert(endpoint, Running(tokio::spawn(delivery.run()), generation));
             }
         }
     }
 
-    async fn count_pending(&self) {
+    /// Sets the pending gauges; returns how many endpoints are not disabled.
+    async fn count_pending(&self) -> Option<usize> {
         match self.store.list_endpoints().await {
             Ok(endpoints) => {
-                for endpoint in endpoints {
+                for endpoint in &endpoints {
                     self.metrics
                         .webhook_pending(&endpoint.id.to_string(), endpoint.pending);
                 }
+                Some(
+                    endpoints
+                        .iter()
+                        .filter(|endpoint| endpoint.state != "disabled")
+                        .count(),
+                )
             }
-            Err(err) => tracing::warn!(error = %err, "cannot count the pending webhook events"),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot count the pending webhook events");
+                None
+            }
         }
     }
 }

@@ -8,9 +8,10 @@ use std::{
     time::Duration,
 };
 
-use plantstore::{config::Config, startup::Application};
+use plantstore::{config::Config, database, startup::Application};
 use reqwest::StatusCode;
 use serde_json::Value;
+use tokio::sync::watch;
 
 use crate::{
     fixtures::receiver::{Receiver, Reply},
@@ -32,6 +33,54 @@ on_both_backends!(
 
 /// How long the tests wait for deliveries that should take well under a second.
 const WITHIN: Duration = Duration::from_secs(20);
+
+/// A commit made through another process wakes the instance that delivers, on PostgreSQL:
+/// a restore from the command line, another instance's announcement, and a lost listening
+/// connection (when announcements may have gone unheard) each ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
+    let app = spawn(Backend::Postgres).await;
+    let open = || async {
+        database::open(&test_config(&app.db.url))
+            .await
+            .expect("a store")
+    };
+    let listening = open().await;
+    let mut heard = listening
+        .announcements()
+        .expect("PostgreSQL carries announcements")
+        .listen();
+    rings(&mut heard, "listening begins").await;
+
+    app.add_plants(&[3]).await;
+    delete_all(&app, [3]).await;
+    let entry = app.db.deletion_ids().await[0].to_string();
+    succeeded(&plantstore(
+        &app,
+        &["deletions", "restore", &entry, "--by", "ops"],
+    ));
+    rings(&mut heard, "a restore from the command line").await;
+
+    let announce = |store: std::sync::Arc<dyn plantstore_store::Store>| async move {
+        let announcements = store.announcements().expect("announcements");
+        announcements.announce().await.expect("an announcement");
+    };
+    announce(open().await).await;
+    rings(&mut heard, "another instance's announcement").await;
+
+    app.db.terminate_service_sessions().await;
+    rings(&mut heard, "listening again after a lost connection").await;
+    announce(open().await).await;
+    rings(&mut heard, "an announcement after the reconnection").await;
+}
+
+async fn rings(heard: &mut watch::Receiver<u64>, what: &str) {
+    match tokio::time::timeout(WITHIN, heard.changed()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => panic!("the listener stopped before {what}"),
+        Err(_) => panic!("nothing heard within {WITHIN:?} of {what}"),
+    }
+}
 
 /// Short waits, so retries happen within a test.
 fn quick_retries(config: &mut Config) {

@@ -1,6 +1,7 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
 //! This file says which file serves each method of `Store`.
 
+mod announcements;
 mod batch;
 mod connection;
 mod deletion_log;
@@ -19,12 +20,13 @@ use std::{sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord,
-    DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError,
-    StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks,
+    Announcements, BatchWriter, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter,
+    DeletionRecord, DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError,
+    Store, StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks,
 };
 use sqlx::postgres::PgPool;
 
+use announcements::PgAnnouncements;
 use connection::connection;
 use errors::classify;
 use failover::Failover;
@@ -46,6 +48,7 @@ pub struct PostgresStore {
     batcher: Batcher,
     /// Where new connections go when the URL names several hosts.
     failover: Arc<Failover>,
+    announcements: Arc<PgAnnouncements>,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -75,6 +78,7 @@ impl PostgresStore {
         ));
         let batcher = Batcher::start(Arc::clone(&writer) as Arc<dyn BatchWriter>, lanes);
         Ok(Self {
+            announcements: Arc::new(PgAnnouncements::new(pool.clone())),
             pool,
             writer,
             batcher,
@@ -242,5 +246,9 @@ impl Webhooks for PostgresStore {
     async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
         self.failover
             .watch(webhooks::release(&self.pool, owner).await)
+    }
+
+    fn announcements(&self) -> Option<Arc<dyn Announcements>> {
+        Some(Arc::clone(&self.announcements) as Arc<dyn Announcements>)
     }
 }

@@ -17,9 +17,9 @@ use std::{str::FromStr, sync::Arc, time::Duration};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord, DeliveryReport,
-    EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError, StoreSettings,
-    StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
+    Announcements, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord,
+    DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError,
+    StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -220,5 +220,10 @@ impl Webhooks for SqliteStore {
 
     async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
         webhooks::release(&self.writer, owner).await
+    }
+
+    /// Another process's commits are found by delivery's poll.
+    fn announcements(&self) -> Option<Arc<dyn Announcements>> {
+        None
     }
 }

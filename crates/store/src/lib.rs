@@ -24,8 +24,8 @@ pub use log::{
     DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
 };
 pub use webhooks::{
-    DeliveryReport, EndpointRecord, Event, EventKind, EventRow, Lease, LeaseRow, ReplayOutcome,
-    StreamPosition, Webhooks,
+    Announcements, DeliveryReport, EndpointRecord, Event, EventKind, EventRow, Lease, LeaseRow,
+    ReplayOutcome, StreamPosition, Webhooks,
 };
 
 /// A request to delete one plant, with what its audit row records: who asked, and in

@@ -1,10 +1,11 @@
 //! Deletion events as storage sees them: webhook endpoints, the event stream read from
 //! the deletion log, and the lease that lets one instance at a time deliver to an endpoint.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 
 use crate::{DeletionRecord, StoreError};
 
@@ -233,6 +234,22 @@ pub trait Webhooks: Send + Sync {
 
     /// Gives up every lease `owner` holds, so another instance takes over at once.
     async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError>;
+
+    /// How a commit in one process wakes delivery in the others, where the backend carries
+    /// that (PostgreSQL: `LISTEN`/`NOTIFY`); `None` where it does not, and delivery polls.
+    fn announcements(&self) -> Option<Arc<dyn Announcements>>;
+}
+
+/// Word between processes that events were committed: sent after a commit, heard by
+/// whichever instance holds an endpoint's lease.
+#[async_trait]
+pub trait Announcements: Send + Sync {
+    /// Tells every listener, in every process, that new events may be readable.
+    async fn announce(&self) -> Result<(), StoreError>;
+
+    /// Changes after each announcement any process makes, and after a lost connection
+    /// (when some may have gone unheard), for as long as a receiver is kept.
+    fn listen(&self) -> watch::Receiver<u64>;
 }
 
 #[cfg(test)]
