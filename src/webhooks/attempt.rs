@@ -23,6 +23,32 @@ pub(super) enum Attempt {
     },
 }
 
+/// Where one endpoint's events go: its URL parsed once for all of its attempts (parsing
+/// it for each showed in the delivery's profile), and its secret.
+pub(super) struct Target {
+    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
+    url: Result<reqwest::Url, String>,
+    secret: String,
+}
+
+impl Target {
+    pub(super) fn new(url: &str, secret: String) -> Self {
+        let url = reqwest::Url::parse(url)
+            .map_err(|err| format!("the endpoint's stored URL cannot be used: {err}"));
+        Self { url, secret }
+    }
+}
+
+impl Attempt {
+    /// A failure the receiver gave no advice on.
+    fn failed(error: String) -> Self {
+        Attempt::Failed {
+            error,
+            retry_after: None,
+        }
+    }
+}
+
 /// The keep-alive client every endpoint's deliveries share.
 #[derive(Debug, Clone)]
 pub(super) struct Sender {
@@ -47,28 +73,20 @@ impl Sender {
         Self { client }
     }
 
-    /// POSTs `event` to `url`, signed with `secret`.
-    pub(super) async fn post(&self, url: &str, secret: &str, event: &Event) -> Attempt {
+    /// POSTs `event` to the target, signed with its secret.
+    pub(super) async fn post(&self, target: &Target, event: &Event) -> Attempt {
+        let (client, url) = match (&self.client, &target.url) {
+            (Ok(client), Ok(url)) => (client, url),
+            (Err(error), _) | (_, Err(error)) => return Attempt::failed(error.clone()),
+        };
         let id = webhook_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();
-        let Some(signature) = sign(secret, &id, timestamp, body.as_bytes()) else {
-            return Attempt::Failed {
-                error: "the endpoint's stored secret is not whsec_ and base64".into(),
-                retry_after: None,
-            };
-        };
-        let client = match &self.client {
-            Ok(client) => client,
-            Err(error) => {
-                return Attempt::Failed {
-                    error: error.clone(),
-                    retry_after: None,
-                };
-            }
+        let Some(signature) = sign(&target.secret, &id, timestamp, body.as_bytes()) else {
+            return Attempt::failed("the endpoint's stored secret is not whsec_ and base64".into());
         };
         let sent = client
-            .post(url)
+            .post(url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp.to_string())
@@ -79,12 +97,7 @@ impl Sender {
         let response = match sent {
             Ok(response) => response,
             // Without the URL: it may carry credentials or a query string.
-            Err(err) => {
-                return Attempt::Failed {
-                    error: one_line(&err.without_url()),
-                    retry_after: None,
-                };
-            }
+            Err(err) => return Attempt::failed(one_line(&err.without_url())),
         };
         let status = response.status();
         if status.is_success() {

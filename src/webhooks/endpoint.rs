@@ -17,7 +17,7 @@ use tokio::{
 };
 
 use super::{
-    attempt::{Attempt, Sender},
+    attempt::{Attempt, Sender, Target},
     backoff::Backoff,
 };
 use crate::telemetry::Metrics;
@@ -116,6 +116,7 @@ impl EndpointDelivery {
         // until the bell or the poll says there may be new events.
         let mut more = true;
         let mut next_read = Instant::now();
+        let target = Arc::new(Target::new(&self.lease.url, self.lease.secret.clone()));
         let poll = if self.heard.is_some() {
             POLL_HEARING
         } else {
@@ -156,10 +157,10 @@ impl EndpointDelivery {
                     break;
                 };
                 let sender = self.sender.clone();
-                let (url, secret) = (self.lease.url.clone(), self.lease.secret.clone());
+                let target = Arc::clone(&target);
                 in_flight.spawn(async move {
                     sleep(wait).await;
-                    let attempt = sender.post(&url, &secret, &event).await;
+                    let attempt = sender.post(&target, &event).await;
                     let lag = (Utc::now() - event.happened_at())
                         .to_std()
                         .unwrap_or_default();
