@@ -8,6 +8,7 @@ use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store, before_now};
 use serde_json::value::RawValue;
 
+use super::output::out;
 use crate::config::parse_duration;
 
 #[derive(Debug, Subcommand)]
@@ -66,7 +67,7 @@ pub(super) async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow:
             };
             let entries = store.list_deletions(&filter).await?;
             if json {
-                println!("{}", as_json(&entries)?);
+                out!("{}", as_json(&entries)?);
             } else {
                 print_table(&entries);
             }
@@ -81,11 +82,11 @@ pub(super) async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow:
                 .restore_deletion(deletion_id, by)
                 .await
                 .with_context(|| format!("cannot restore deletion {deletion_id}"))?;
-            println!("restored plant {plant_id} from deletion {deletion_id}, by '{by}'");
+            out!("restored plant {plant_id} from deletion {deletion_id}, by '{by}'");
         }
         DeletionsCommand::Prune { older_than } => {
             let pruned = store.prune_deletions(ago(older_than)?).await?;
-            println!(
+            out!(
                 "pruned {pruned} deletion log entries older than {}",
                 humantime::format_duration(older_than)
             );
@@ -146,9 +147,14 @@ fn as_json(entries: &[DeletionRecord]) -> serde_json::Result<String> {
 }
 
 fn print_table(entries: &[DeletionRecord]) {
-    println!(
+    out!(
         "{:<8} {:<20} {:<12} {:<20} {:<36} {:<24} RESTORED",
-        "ID", "DELETED", "PLANT", "CALLER", "REQUEST ID", "IDEMPOTENCY KEY"
+        "ID",
+        "DELETED",
+        "PLANT",
+        "CALLER",
+        "REQUEST ID",
+        "IDEMPOTENCY KEY"
     );
     for entry in entries {
         let restored = match (&entry.restored_at, &entry.restored_by) {
@@ -157,7 +163,7 @@ fn print_table(entries: &[DeletionRecord]) {
             _ if entry.snapshot.is_none() => "- (no snapshot)".to_owned(),
             _ => "-".to_owned(),
         };
-        println!(
+        out!(
             "{:<8} {:<20} {:<12} {:<20} {:<36} {:<24} {restored}",
             entry.id,
             time(entry.deleted_at),

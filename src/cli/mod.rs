@@ -2,11 +2,10 @@
 //! does its work in a file of its own.
 
 mod deletions;
+mod output;
 mod serve;
 mod tokens;
 mod webhooks;
-
-use std::io::Write;
 
 use clap::{
     Args, CommandFactory, FromArgMatches, Parser, Subcommand, error::ErrorKind, parser::ValueSource,
@@ -17,6 +16,7 @@ use crate::{
     database, http,
 };
 use deletions::DeletionsCommand;
+use output::out;
 use tokens::TokenCommand;
 use webhooks::WebhooksCommand;
 
@@ -125,14 +125,16 @@ impl Cli {
                 let mut config = config;
                 config.migrate = true;
                 database::open(&config).await?.close().await;
-                println!("migrations applied");
+                out!("migrations applied");
                 Ok(())
             }
             Command::Openapi { format } => {
                 let document = http::document()?;
                 match format {
-                    DocumentFormat::Json => println!("{document:#}"),
-                    DocumentFormat::Yaml => print!("{}", http::yaml(&document)?),
+                    DocumentFormat::Json => out!("{document:#}"),
+                    DocumentFormat::Yaml => {
+                        output::write_out(format_args!("{}", http::yaml(&document)?))
+                    }
                 }
                 Ok(())
             }
@@ -153,26 +155,17 @@ impl Cli {
                 // Into a buffer first: clap_complete panics on a failed write (`| head`).
                 let mut script = Vec::new();
                 clap_complete::generate(shell, &mut Cli::command(), "plantstore", &mut script);
-                std::io::stdout()
-                    .write_all(&script)
-                    .or_else(ignore_broken_pipe)?;
+                output::write_out(format_args!("{}", String::from_utf8_lossy(&script)));
                 Ok(())
             }
             Command::Seed { count } => {
                 let store = database::open(&config).await?;
                 let added = store.seed_plants(count).await;
                 store.close().await;
-                println!("added {} missing demo plants with ids 1..={count}", added?);
+                out!("added {} missing demo plants with ids 1..={count}", added?);
                 Ok(())
             }
         }
-    }
-}
-
-fn ignore_broken_pipe(err: std::io::Error) -> std::io::Result<()> {
-    match err.kind() {
-        std::io::ErrorKind::BrokenPipe => Ok(()),
-        _ => Err(err),
     }
 }
 

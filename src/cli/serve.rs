@@ -1,5 +1,6 @@
 //! `plantstore serve`: start the service, say where it listens, stop on a signal.
 
+use super::output::out;
 use crate::{
     config::Config,
     startup::{self, Application},
@@ -22,18 +23,16 @@ pub(super) async fn run(config: &Config) -> anyhow::Result<()> {
         address.ip().to_string()
     };
     if let Some(token) = app.initial_token() {
-        println!(
-            "Created the first API token, named 'initial'. It is shown only this once; keep it:"
-        );
-        println!("{token}");
+        out!("Created the first API token, named 'initial'. It is shown only this once; keep it:");
+        out!("{token}");
     }
-    println!(
+    out!(
         "Plant Store listening on http://{shown_host}:{}",
         address.port()
     );
-    println!("Swagger UI: http://{shown_host}:{}/docs", address.port());
+    out!("Swagger UI: http://{shown_host}:{}/docs", address.port());
     if let Some(admin) = app.admin_address() {
-        println!("Health checks and metrics on http://{admin}/healthz, /readyz and /metrics");
+        out!("Health checks and metrics on http://{admin}/healthz, /readyz and /metrics");
     }
     app.run_until_stopped(shutdown).await?;
     tracing::info!("stopped");

@@ -6,6 +6,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
 use plantstore_store::TokenRecord;
 
+use super::output::out;
 use crate::{
     auth::tokens as auth_tokens,
     config::{Config, parse_duration},
@@ -45,8 +46,8 @@ pub(super) async fn run(config: &Config, command: TokenCommand) -> anyhow::Resul
             auth_tokens::create(store.as_ref(), &name, expires_in)
                 .await
                 .map(|token| {
-                    println!("Created token '{name}'. It is shown only this once:");
-                    println!("{token}");
+                    out!("Created token '{name}'. It is shown only this once:");
+                    out!("{token}");
                 })
         }
         TokenCommand::List { json } => store
@@ -56,7 +57,7 @@ pub(super) async fn run(config: &Config, command: TokenCommand) -> anyhow::Resul
             .map(|list| print_tokens(&list, json)),
         TokenCommand::Revoke { name } => auth_tokens::revoke(store.as_ref(), &name)
             .await
-            .map(|()| println!("revoked token '{name}'")),
+            .map(|()| out!("revoked token '{name}'")),
     };
     store.close().await;
     Ok(outcome?)
@@ -77,16 +78,19 @@ fn print_tokens(list: &[TokenRecord], json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::Value::Array(rows));
+        out!("{}", serde_json::Value::Array(rows));
         return;
     }
     let shown = |at| time(at).unwrap_or_else(|| "-".to_owned());
-    println!(
+    out!(
         "{:<24} {:<20} {:<20} {:<20}",
-        "NAME", "CREATED", "EXPIRES", "REVOKED"
+        "NAME",
+        "CREATED",
+        "EXPIRES",
+        "REVOKED"
     );
     for token in list {
-        println!(
+        out!(
             "{:<24} {:<20} {:<20} {:<20}",
             token.name,
             shown(Some(token.created_at)),

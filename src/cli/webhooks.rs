@@ -6,6 +6,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
 use plantstore_store::{EndpointRecord, EventKind, ReplayOutcome, Store, StoreError};
 
+use super::output::out;
 use crate::webhooks::signature::new_secret;
 
 const EVENT_KINDS: [EventKind; 2] = [EventKind::Deleted, EventKind::Restored];
@@ -57,15 +58,15 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
                 }
                 added => added?,
             };
-            println!(
+            out!(
                 "added webhook endpoint {id} for {events}; its signing secret, shown only this once:"
             );
-            println!("{secret}");
+            out!("{secret}");
         }
         WebhooksCommand::List { json } => {
             let endpoints = store.list_endpoints().await?;
             if json {
-                println!("{}", as_json(&endpoints)?);
+                out!("{}", as_json(&endpoints)?);
             } else {
                 print_table(&endpoints);
             }
@@ -75,18 +76,18 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
                 .remove_endpoint(id)
                 .await
                 .map_err(|err| no_such(err, id))?;
-            println!("removed webhook endpoint {id}");
+            out!("removed webhook endpoint {id}");
         }
         WebhooksCommand::Enable { id } => {
             store
                 .enable_endpoint(id)
                 .await
                 .map_err(|err| no_such(err, id))?;
-            println!("enabled webhook endpoint {id}");
+            out!("enabled webhook endpoint {id}");
         }
         WebhooksCommand::Replay { id, from } => match store.replay_endpoint(id, from).await? {
             ReplayOutcome::Done => {
-                println!("webhook endpoint {id} gets the events from deletion {from} on again");
+                out!("webhook endpoint {id} gets the events from deletion {from} on again");
             }
             ReplayOutcome::NoEndpoint => bail!("no webhook endpoint has id {id}"),
             ReplayOutcome::NoEntry => bail!(
@@ -179,12 +180,17 @@ fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
 }
 
 fn print_table(endpoints: &[EndpointRecord]) {
-    println!(
+    out!(
         "{:<6} {:<9} {:<10} {:<8} {:<20} {:<40} LAST ERROR",
-        "ID", "STATE", "DELIVERED", "PENDING", "NEXT ATTEMPT", "URL"
+        "ID",
+        "STATE",
+        "DELIVERED",
+        "PENDING",
+        "NEXT ATTEMPT",
+        "URL"
     );
     for e in endpoints {
-        println!(
+        out!(
             "{:<6} {:<9} {:<10} {:<8} {:<20} {:<40} {}",
             e.id,
             e.state,

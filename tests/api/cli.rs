@@ -109,6 +109,39 @@ fn seed_adds_only_missing_plants_and_migrate_prepares_the_schema() {
     assert_eq!(stderr(&zero).lines().count(), 1, "{}", stderr(&zero));
 }
 
+/// Output into a pipe whose reader has gone (`| head -1`, done reading): each command still
+/// does its work and ends as it would have, with no panic.
+#[test]
+fn output_to_a_reader_that_went_away_is_no_failure() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let commands: [&[&str]; 6] = [
+        &["migrate"],
+        &["openapi"],
+        &["openapi", "--format", "yaml"],
+        &["completions", "bash"],
+        &["token", "create", "--name", "piped"],
+        &["deletions", "list", "--json"],
+    ];
+    for args in commands {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        let output = plantstore(dir.path(), &url)
+            .args(args)
+            .stdout(writer)
+            .output()
+            .expect("run plantstore");
+        assert!(output.status.success(), "{args:?}: {}", stderr(&output));
+        assert!(
+            !stderr(&output).contains("panicked"),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+    let listed = run(dir.path(), &url, &["token", "list"]);
+    assert!(stdout(&listed).contains("piped"), "{}", stdout(&listed));
+}
+
 /// Every command migrates first; on PostgreSQL that raises notices ("relation … already
 /// exists, skipping") that said nothing a user needs, on every `docker compose exec`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
