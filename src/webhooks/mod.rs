@@ -1,6 +1,7 @@
 //! Deletion events delivered to webhook endpoints: which endpoints this instance delivers
 //! to (a lease each, renewed while it runs), started and stopped as leases come and go.
 
+mod ahead;
 mod announcer;
 mod attempt;
 mod backoff;
