@@ -101,9 +101,10 @@ def webhook_run(b, backend: str, url: str, db) -> None:
 
 
 def ceiling(R: dict, plain: float | None) -> float | None:
-    """The best ratio one HTTP exchange per event allows on this machine: were each event as
-    cheap as one `wrk` request to the nginx anchor (c=64), and both runs CPU-bound, hits
-    would keep 1 / (1 + hits/s without an endpoint / nginx req/s) of their rate."""
+    """The ratio one HTTP exchange per event would leave: were each event as cheap as one
+    `wrk` request to the nginx anchor (c=64), and both runs CPU-bound, hits would keep
+    1 / (1 + hits/s without an endpoint / nginx req/s) of their rate. An estimate, not a
+    bound: CPU the hit run leaves idle could take cheap enough delivery for free."""
     anchor = R["anchors"]["nginx"].get(str(CONNS), {}).get("rps")
     return 1 / (1 + plain / anchor) if plain and anchor else None
 
