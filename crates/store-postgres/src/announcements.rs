@@ -9,12 +9,12 @@ use std::{
 
 use async_trait::async_trait;
 use plantstore_store::{Announcements, StoreError};
-use sqlx::postgres::{PgListener, PgPool};
+use sqlx::postgres::{PgConnection, PgListener, PgPool};
 use tokio::sync::watch;
 
 use crate::errors::classify;
 
-/// The channel announcements go on; `announce` and a restore's transaction name it too.
+/// The channel every announcement goes on.
 const CHANNEL: &str = "plantstore_events";
 /// The wait before listening again after the connection could not be had.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
@@ -43,11 +43,13 @@ impl Announcements for PgAnnouncements {
     async fn announce(&self) -> Result<(), StoreError> {
         // Its own transaction, apart from the deletes' batch: a notifying commit holds a
         // database-wide lock through its WAL flush, which would serialize the batch lanes.
-        // Nor does it wait for a flush: a notification lost in a crash costs one poll.
-        sqlx::raw_sql(
-            "SET LOCAL synchronous_commit = off; SELECT pg_notify('plantstore_events', '')",
+        // Nor does it wait for a flush (`set_config` local to this statement's
+        // transaction): a notification lost in a crash costs one poll.
+        sqlx::query!(
+            "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
+            CHANNEL
         )
-        .execute(&self.pool)
+        .fetch_one(&self.pool)
         .await
         .map_err(classify)?;
         Ok(())
@@ -68,6 +70,15 @@ impl Announcements for PgAnnouncements {
         ));
         receiver
     }
+}
+
+/// Announces within a transaction, as it commits: for rare commits made where no delivery
+/// runs to be woken in-process, such as a restore from the command line.
+pub(crate) async fn announce_in(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query!("SELECT pg_notify($1, '')", CHANNEL)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Listens until no one hears, or the pool closes; listens again after a lost connection.

@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use plantstore_store::{DeletionFilter, DeletionRecord, EntryState, RestoreError, StoreError};
 use sqlx::{Acquire, postgres::PgPool};
 
-use crate::{connection::connection, errors::classify};
+use crate::{announcements::announce_in, connection::connection, errors::classify};
 
 #[tracing::instrument(skip(pool))]
 pub(crate) async fn list(
@@ -83,12 +83,7 @@ pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, 
     .execute(&mut *tx)
     .await
     .map_err(classify)?;
-    // In the transaction, so the restore event is announced as it commits: a restore is
-    // rare, and often made by the command line, which has no delivery of its own to wake.
-    sqlx::query!("SELECT pg_notify('plantstore_events', '')")
-        .execute(&mut *tx)
-        .await
-        .map_err(classify)?;
+    announce_in(&mut tx).await.map_err(classify)?;
     tx.commit()
         .await
         .map_err(|err| RestoreError::from_insert(classify(err)))?;
