@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cpu
 from .chart import chart_svg
 from .checks import describe_blocks_check, describe_hits_check, verify_hits
 from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, EXPECT, LUA_MODE, MISS_FIRST,
@@ -214,8 +215,10 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int)
     slog = b.work / f"service-{backend}-{workload}-{conns}.log"
     proc = b.svc.start(url, port, slog)
     wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    cpu_before = cpu.snapshot(proc.pid)
     d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, b.s.seconds, b.tokens[backend],
                 b.work / f"wrk-{backend}-{workload}-{conns}.out")
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
     d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
     code = PROCS.stop(proc)
     d["exit_code"] = code

@@ -9,6 +9,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+from . import cpu
 from .checks import describe_hits_check, verify_hits
 from .common import fmt, fmt_rate, free_port, log, percentile
 from .databases import count_range
@@ -20,10 +21,12 @@ CONNS = 64
 DRAIN_S = 120
 
 def start_receiver(work: Path, name: str):
-    """The anchor's nginx, logging when each POST arrived and its webhook-id."""
+    """The anchor's nginx, logging when each POST arrived and its webhook-id. The log is
+    written in 256 KiB blocks: a write per request would be the receiver's cost, not the
+    service's, and `$msec` is taken when the request ends whenever the line is written."""
     rdir = work / f"receiver-{name}"
     access = (f"log_format hook '$msec $http_webhook_id'; "
-              f"access_log {rdir}/access.log hook;")
+              f"access_log {rdir}/access.log hook buffer=256k flush=1s;")
     proc, port = start_nginx(rdir, access)
     return proc, port, rdir / "access.log"
 
@@ -62,8 +65,10 @@ def webhook_run(b, backend: str, url: str, db) -> None:
     slog = b.work / f"service-{backend}-hits-webhook-{CONNS}.log"
     proc = b.svc.start(url, port, slog)
     wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    cpu_before = cpu.snapshot(proc.pid, receiver.pid)
     d = run_wrk(port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
                 b.work / f"wrk-{backend}-hits-webhook-{CONNS}.out")
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
     ended = time.time()
     while pending(b, url) > 0 and time.time() - ended < DRAIN_S:
         time.sleep(0.2)
@@ -93,6 +98,12 @@ def webhook_run(b, backend: str, url: str, db) -> None:
         f"({fmt(d['vs_without'])} of hits without one)  {fmt_rate(d['events_per_s'])} events/s  "
         f"lag p50 {fmt(d['lag_p50_s'], 3)} s  p99 {fmt(d['lag_p99_s'], 3)} s  "
         f"received {d['received']:,} of {d['events']:,}  drained {d['drain_s']:.1f} s after wrk")
+    c, c0 = d["cpu"], b.R["service"][backend]["hits"][str(CONNS)].get("cpu", {})
+    if c:
+        log(f"  CPU, % of the machine during wrk: idle {fmt(c['idle_pct'], 1)} (without an endpoint "
+            f"{fmt(c0.get('idle_pct'), 1)}), service {fmt(c['service_pct'], 1)} (without "
+            f"{fmt(c0.get('service_pct'), 1)}), of it the posting thread "
+            f"{fmt(c['posting_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
     d["check"] = v = verify_hits(db, lo, hi, before, d)
     b.note_check(f"{backend} hits+webhook c={CONNS}", v, describe_hits_check)
     if d["received"] != d["events"]:
@@ -111,13 +122,20 @@ def ceiling(R: dict, plain: float | None) -> float | None:
 
 def webhook_table(R: dict) -> str:
     rows = ["| backend | hits c=64 without an endpoint | with one | ratio | ceiling | events/s | "
-            "lag p50 | lag p99 | received |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|"]
+            "lag p50 | lag p99 | received | CPU idle without / with | posting thread | receiver |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for backend, d in R.get("webhooks", {}).items():
         plain = R["service"][backend]["hits"][str(CONNS)]["rps"]
+        c, c0 = d.get("cpu", {}), R["service"][backend]["hits"][str(CONNS)].get("cpu", {})
         rows.append(f"| {backend} | {fmt_rate(plain)} | {fmt_rate(d['rps'])} | "
                     f"{fmt(d['vs_without'])} | {fmt(ceiling(R, plain))} | "
                     f"{fmt_rate(d['events_per_s'])} | "
                     f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "
-                    f"{d['received']:,} of {d['events']:,} |")
+                    f"{d['received']:,} of {d['events']:,} | "
+                    f"{pct(c0.get('idle_pct'))} / {pct(c.get('idle_pct'))} | "
+                    f"{pct(c.get('posting_pct'))} | {pct(c.get('receiver_pct'))} |")
     return "\n".join(rows)
+
+
+def pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.1f} %"
