@@ -3,11 +3,14 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 use plantstore_store::{Event, EventKind};
-use reqwest::{StatusCode, header};
 use serde_json::value::RawValue;
 
-use super::signature::sign;
+use super::{
+    client::{Address, Connection, Connector},
+    signature::sign,
+};
 
 /// What one POST came to.
 #[derive(Debug)]
@@ -23,19 +26,20 @@ pub(super) enum Attempt {
     },
 }
 
-/// Where one endpoint's events go: its URL parsed once for all of its attempts (parsing
-/// it for each showed in the delivery's profile), and its secret.
+/// Where one endpoint's events go: its URL taken apart once for all of its attempts
+/// (parsing it for each showed in the delivery's profile), and its secret.
 pub(super) struct Target {
     /// Why the stored URL cannot be used (`webhooks add` lets none such in).
-    url: Result<reqwest::Url, String>,
+    address: Result<Address, String>,
     secret: String,
 }
 
 impl Target {
     pub(super) fn new(url: &str, secret: String) -> Self {
-        let url = reqwest::Url::parse(url)
-            .map_err(|err| format!("the endpoint's stored URL cannot be used: {err}"));
-        Self { url, secret }
+        Self {
+            address: Address::parse(url),
+            secret,
+        }
     }
 }
 
@@ -49,69 +53,78 @@ impl Attempt {
     }
 }
 
-/// The keep-alive client every endpoint's deliveries share.
-#[derive(Debug, Clone)]
+/// Posts events; one per endpoint's delivery, all sharing one TLS configuration.
+#[derive(Clone)]
 pub(super) struct Sender {
-    /// Why there is none (no CA certificates on the machine, say): every attempt then fails
-    /// with it, so `webhooks list` shows it, rather than the service not starting.
-    client: Result<reqwest::Client, String>,
+    connector: Connector,
+    timeout: Duration,
 }
 
 impl Sender {
-    /// No redirects followed: a receiver moved is a failure an operator should see, not a
-    /// place to send signed events to unasked.
+    /// No redirects followed (nothing here follows them): a receiver moved is a failure an
+    /// operator should see, not a place to send signed events to unasked.
     pub(super) fn new(timeout: Duration) -> Self {
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("plantstore/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|err| format!("cannot make an HTTP client: {}", one_line(&err)));
-        if let Err(err) = &client {
-            tracing::error!(error = %err, "webhook deliveries will fail until this is fixed");
+        Self {
+            connector: Connector::new(),
+            timeout,
         }
-        Self { client }
     }
 
-    /// POSTs `event` to the target, signed with its secret.
-    pub(super) async fn post(&self, target: &Target, event: &Event) -> Attempt {
-        let (client, url) = match (&self.client, &target.url) {
-            (Ok(client), Ok(url)) => (client, url),
-            (Err(error), _) | (_, Err(error)) => return Attempt::failed(error.clone()),
+    /// POSTs `event` to the target, signed with its secret, over `connection` when there
+    /// is one; the connection back when it can carry another.
+    pub(super) async fn post(
+        &self,
+        target: &Target,
+        connection: Option<Connection>,
+        event: &Event,
+    ) -> (Attempt, Option<Connection>) {
+        let address = match &target.address {
+            Ok(address) => address,
+            Err(error) => return (Attempt::failed(error.clone()), connection),
         };
         let id = webhook_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();
         let Some(signature) = sign(&target.secret, &id, timestamp, body.as_bytes()) else {
-            return Attempt::failed("the endpoint's stored secret is not whsec_ and base64".into());
+            let error = "the endpoint's stored secret is not whsec_ and base64";
+            return (Attempt::failed(error.into()), connection);
         };
-        let sent = client
-            .post(url.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .header("webhook-id", id)
-            .header("webhook-timestamp", timestamp.to_string())
-            .header("webhook-signature", signature)
-            .body(body)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            // Without the URL: it may carry credentials or a query string.
-            Err(err) => return Attempt::failed(one_line(&err.without_url())),
+        let mut headers = HeaderMap::with_capacity(8);
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
+        for (name, value) in [
+            ("webhook-id", id),
+            ("webhook-timestamp", timestamp.to_string()),
+            ("webhook-signature", signature),
+        ] {
+            if let Ok(value) = HeaderValue::try_from(value) {
+                headers.insert(name, value);
+            }
+        }
+        let posted = self
+            .connector
+            .post(address, connection, headers, body.into());
+        let (answer, connection) = match tokio::time::timeout(self.timeout, posted).await {
+            Ok(posted) => posted,
+            Err(_) => (Err("no answer within the timeout".into()), None),
         };
-        let status = response.status();
-        if status.is_success() {
-            return Attempt::Delivered;
-        }
-        if status == StatusCode::GONE {
-            return Attempt::Gone;
-        }
-        Attempt::Failed {
-            error: format!("the receiver answered {status}"),
-            retry_after: retry_after(response.headers()),
-        }
+        let attempt = match answer {
+            Err(error) => Attempt::failed(error),
+            Ok(answer) if answer.status.is_success() => Attempt::Delivered,
+            Ok(answer) if answer.status == StatusCode::GONE => Attempt::Gone,
+            Ok(answer) => Attempt::Failed {
+                error: format!("the receiver answered {}", answer.status),
+                retry_after: retry_after(&answer.headers),
+            },
+        };
+        (attempt, connection)
     }
 }
+
+const USER_AGENT: &str = concat!("plantstore/", env!("CARGO_PKG_VERSION"));
 
 /// The same on every attempt of an event, as receivers deduplicate by it.
 pub(super) fn webhook_id(event: &Event) -> String {
@@ -181,18 +194,4 @@ fn retry_after(headers: &header::HeaderMap) -> Option<Duration> {
         .parse()
         .ok()?;
     Some(Duration::from_secs(seconds))
-}
-
-fn one_line(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
 }

@@ -5,17 +5,17 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{DeliveryReport, Event, Lease, Store, StreamPosition};
+use plantstore_store::{DeliveryReport, Lease, Store, StreamPosition};
 use tokio::{
     sync::watch,
-    task::JoinSet,
     time::{Instant, sleep, sleep_until},
 };
 
 use super::{
-    ahead::{ReadAhead, Turn, WINDOW},
+    ahead::{ReadAhead, WINDOW},
     attempt::{Attempt, Sender, Target, webhook_id},
     backoff::Backoff,
+    posting::{Posting, Tried},
 };
 use crate::telemetry::Metrics;
 
@@ -41,14 +41,6 @@ pub(super) enum Stopped {
     LeaseLost,
     /// The receiver answered 410.
     Disabled,
-}
-
-/// One event's attempt, as the task that made it reports back.
-struct Tried {
-    event: Event,
-    failures: u32,
-    attempt: Attempt,
-    lag: Duration,
 }
 
 /// How far delivery got, how much of that is saved, and whether its last attempt failed
@@ -97,6 +89,7 @@ pub(super) struct EndpointDelivery {
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
     pub(super) sender: Sender,
+    pub(super) posting: Arc<Posting>,
     pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
     pub(super) wake: watch::Receiver<u64>,
@@ -116,7 +109,8 @@ impl EndpointDelivery {
         };
         let mut ahead = ReadAhead::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
-        let mut in_flight: JoinSet<Tried> = JoinSet::new();
+        let mut lane = self.posting.open(self.sender.clone(), target, IN_FLIGHT);
+        let mut in_flight = 0;
         // Whether the log may hold more than was read: false after a read came back short,
         // until the bell, an announcement or the poll says there may be new events.
         let mut more = true;
@@ -128,11 +122,15 @@ impl EndpointDelivery {
                     next_read = Instant::now() + READ_GAP;
                 }
             }
-            while in_flight.len() < IN_FLIGHT {
+            while in_flight < IN_FLIGHT {
                 let Some(turn) = ahead.next_turn() else {
                     break;
                 };
-                in_flight.spawn(attempt(self.sender.clone(), Arc::clone(&target), turn));
+                if !lane.post(turn) {
+                    // The posting thread is gone: start over from the saved cursor.
+                    return Stopped::LeaseLost;
+                }
+                in_flight += 1;
             }
             if let Some((position, entry)) = ahead.take_done() {
                 progress.cursor = position;
@@ -144,7 +142,10 @@ impl EndpointDelivery {
                 return stopped;
             }
             let tried = tokio::select! {
-                Some(joined) = in_flight.join_next() => joined,
+                tried = lane.next(), if in_flight > 0 => match tried {
+                    Some(tried) => tried,
+                    None => return Stopped::LeaseLost,
+                },
                 // An error: the bell is gone with the app; the poll still reads.
                 rung = self.wake.changed() => {
                     if rung.is_err() {
@@ -167,11 +168,7 @@ impl EndpointDelivery {
                     continue;
                 }
             };
-            // A delivery task panicked: its event is lost from memory, so start over from
-            // the saved cursor rather than leave a gap.
-            let Ok(tried) = tried else {
-                return Stopped::LeaseLost;
-            };
+            in_flight -= 1;
             if let Some(stopped) = self.settle(tried, &label, &mut ahead, &mut progress).await {
                 return stopped;
             }
@@ -266,21 +263,6 @@ impl EndpointDelivery {
                 self.save(progress).await
             }
         }
-    }
-}
-
-/// One attempt, after the turn's wait.
-async fn attempt(sender: Sender, target: Arc<Target>, (event, failures, wait): Turn) -> Tried {
-    sleep(wait).await;
-    let attempt = sender.post(&target, &event).await;
-    let lag = (Utc::now() - event.happened_at())
-        .to_std()
-        .unwrap_or_default();
-    Tried {
-        event,
-        failures,
-        attempt,
-        lag,
     }
 }
 

@@ -5,7 +5,9 @@ mod ahead;
 mod announcer;
 mod attempt;
 mod backoff;
+mod client;
 mod endpoint;
+mod posting;
 pub mod signature;
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
@@ -16,6 +18,7 @@ use tokio::{sync::watch, task::JoinHandle};
 use attempt::Sender;
 pub use backoff::Backoff;
 use endpoint::{EndpointDelivery, Stopped};
+use posting::Posting;
 
 use crate::telemetry::Metrics;
 
@@ -94,6 +97,7 @@ impl Deliveries {
     /// leases, so another instance takes over without waiting for them to run out.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
+        let posting = Arc::new(Posting::start());
         let (announcing, needed) = watch::channel(false);
         let announce = async {
             match &self.announcements {
@@ -105,7 +109,7 @@ impl Deliveries {
         };
         tokio::pin!(stop);
         tokio::select! {
-            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing), announce) } => {},
+            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &posting), announce) } => {},
             () = &mut stop => {},
         }
         running.clear();
@@ -121,6 +125,7 @@ impl Deliveries {
         &self,
         running: &mut HashMap<i64, Running>,
         announcing: &watch::Sender<bool>,
+        posting: &Arc<Posting>,
     ) {
         let mut every = tokio::time::interval(CLAIM_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -173,6 +178,7 @@ impl Deliveries {
                     lease,
                     owner: Arc::clone(&self.owner),
                     sender: self.sender.clone(),
+                    posting: Arc::clone(posting),
                     backoff: self.settings.backoff,
                     metrics: Arc::clone(&self.metrics),
                     wake: self.bell.listen(),
