@@ -99,6 +99,7 @@ class Plan:
     span: int
     hits: dict
     hooked: dict
+    beside: dict
     pgbench: dict
     raw_sqlite: tuple
     rows: dict
@@ -111,6 +112,7 @@ def plan_ids(seconds: int) -> Plan:
     ids = {b: Ids() for b in BACKENDS}
     hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
     hooked = {b: ids[b].take(span) for b in BACKENDS}
+    beside = {b: ids[b].take(span) for b in BACKENDS}
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
     pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS}
@@ -118,7 +120,7 @@ def plan_ids(seconds: int) -> Plan:
     # overrun only reaches ids that were never seeded (and its check fails).
     raw_sqlite = ids["sqlite"].take(2 * raw_span)
     rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, hooked, pgbench, raw_sqlite, rows)
+    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows)
 
 
 class Bench:
@@ -201,10 +203,16 @@ def service_runs(b: Bench, backend: str, url: str, db) -> None:
             service_run(b, backend, url, db, workload, conns)
 
 
-def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int) -> None:
-    """A fresh service process (so its peak RSS is this run's) under wrk; hits are then checked."""
+def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
+                beside: bool = False) -> None:
+    """A fresh service process (so its peak RSS is this run's) under wrk; hits are then checked.
+    `beside`: the hit run just before the webhook run, kept apart as what that run is
+    compared with."""
     db.settle(vacuum=workload == "hits")
-    if workload == "hits":
+    if beside:
+        lo, hi = b.plan.beside[backend]
+        before = count_range(db, lo, hi)
+    elif workload == "hits":
         lo, hi = b.plan.hits[backend][conns]
         before = count_range(db, lo, hi)
     elif workload == "misses":
@@ -224,8 +232,12 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int)
     d["exit_code"] = code
     d["unexpected"] = unexpected(d, EXPECT[workload])
     d["log_lines"] = trim_log(slog) if not b.s.keep else None
-    b.R["service"][backend][workload][str(conns)] = d
-    line = (f"{backend:<8} {workload:<6} c={conns:<3} {fmt_rate(d['rps']):>9} req/s  "
+    if beside:
+        b.R.setdefault("beside", {})[backend] = d
+    else:
+        b.R["service"][backend][workload][str(conns)] = d
+    name = "hits (just before the webhook run)" if beside else f"{workload:<6}"
+    line = (f"{backend:<8} {name} c={conns:<3} {fmt_rate(d['rps']):>9} req/s  "
             f"p50 {fmt(d['p50_ms'], 3)} ms  p99 {fmt(d['p99_ms'], 3)} ms  "
             f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  "
             f"unexpected: {fmt_unexpected(d['unexpected'])}")
@@ -248,6 +260,7 @@ def measure_sqlite(b: Bench) -> None:
         f"p99 {fmt(a['p99_ms'], 3)} ms")
     b.note_check("sqlite-raw", a["check"], describe_blocks_check)
     service_runs(b, "sqlite", b.sq.url, b.sq)
+    service_run(b, "sqlite", b.sq.url, b.sq, "hits", 64, beside=True)
     webhook_run(b, "sqlite", b.sq.url, b.sq)
     measure_startup(b)
 
@@ -280,6 +293,7 @@ def measure_postgres(b: Bench) -> None:
             f"p99 {fmt(a['p99_ms'], 3)} ms  failed: {a['failed']}")
         b.note_check(f"pgbench c={conns}", a["check"], describe_blocks_check)
     service_runs(b, "postgres", b.pg.url, b.pg)
+    service_run(b, "postgres", b.pg.url, b.pg, "hits", 64, beside=True)
     webhook_run(b, "postgres", b.pg.url, b.pg)
 
 
