@@ -100,9 +100,12 @@ impl Sender {
             ("webhook-timestamp", timestamp.to_string()),
             ("webhook-signature", signature),
         ] {
-            if let Ok(value) = HeaderValue::try_from(value) {
-                headers.insert(name, value);
-            }
+            // ASCII by construction; were one not, no unsigned request goes out.
+            let Ok(value) = HeaderValue::try_from(value) else {
+                let error = format!("cannot make the {name} header");
+                return (Attempt::failed(error), connection);
+            };
+            headers.insert(name, value);
         }
         let posted = self
             .connector
