@@ -171,15 +171,5 @@ impl Cli {
 
 /// An error and its causes on one line, each cause once (drivers often repeat theirs).
 pub fn one_line(err: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in err.chain() {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-    }
-    line
+    crate::telemetry::one_line(err.as_ref())
 }

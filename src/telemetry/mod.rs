@@ -2,8 +2,10 @@
 //! filtered by `RUST_LOG`), spans exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is
 //! set, and the `/metrics` registry.
 
+mod error_line;
 mod metrics;
 
+pub use error_line::one_line;
 pub use metrics::Metrics;
 
 use std::{

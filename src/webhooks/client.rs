@@ -18,6 +18,8 @@ use tokio::{
 };
 use tokio_rustls::TlsConnector;
 
+use crate::telemetry::one_line;
+
 /// How long a connection may sit unused and still be reused: under the keep-alive limits
 /// receivers commonly set (Node's 5 s, nginx's 75 s), so a reused connection is rarely one
 /// the receiver is closing at that moment.
@@ -114,14 +116,23 @@ pub(super) struct Connection {
     idle_since: Instant,
 }
 
-/// An endpoint's connections not in use.
-#[derive(Default)]
-pub(super) struct Idle(Vec<Connection>);
+/// An endpoint's connections not in use, as many as it may have in flight at most.
+pub(super) struct Idle {
+    connections: Vec<Connection>,
+    keep: usize,
+}
 
 impl Idle {
+    pub(super) fn keeping(keep: usize) -> Self {
+        Self {
+            connections: Vec::with_capacity(keep),
+            keep,
+        }
+    }
+
     /// The most recently used connection still young enough to reuse.
     pub(super) fn take(&mut self) -> Option<Connection> {
-        while let Some(connection) = self.0.pop() {
+        while let Some(connection) = self.connections.pop() {
             if connection.idle_since.elapsed() < IDLE && connection.driver.is_some() {
                 return Some(connection);
             }
@@ -129,10 +140,10 @@ impl Idle {
         None
     }
 
-    pub(super) fn put(&mut self, mut connection: Connection, keep: usize) {
-        if connection.driver.is_some() && self.0.len() < keep {
+    pub(super) fn put(&mut self, mut connection: Connection) {
+        if connection.driver.is_some() && self.connections.len() < self.keep {
             connection.idle_since = Instant::now();
-            self.0.push(connection);
+            self.connections.push(connection);
         }
     }
 }
@@ -168,7 +179,7 @@ impl Connector {
         headers: HeaderMap,
         body: Bytes,
     ) -> (Result<Answer, String>, Option<Connection>) {
-        let request = match self.request(address, headers, body) {
+        let request = match request(address, headers, body) {
             Ok(request) => request,
             Err(err) => return (Err(err), reused),
         };
@@ -192,24 +203,6 @@ impl Connector {
             ),
             Err(Failed(err)) => (Err(err), None),
         }
-    }
-
-    fn request(
-        &self,
-        address: &Address,
-        headers: HeaderMap,
-        body: Bytes,
-    ) -> Result<Request<Full<Bytes>>, String> {
-        let mut request = Request::post(address.path.clone())
-            .body(Full::new(body))
-            .map_err(|err| format!("cannot make the request: {err}"))?;
-        *request.headers_mut() = headers;
-        let headers = request.headers_mut();
-        headers.insert(header::HOST, address.host.clone());
-        if let Some(authorization) = &address.authorization {
-            headers.insert(header::AUTHORIZATION, authorization.clone());
-        }
-        Ok(request)
     }
 
     async fn connect(&self, address: &Address) -> Result<Connection, String> {
@@ -239,6 +232,24 @@ impl Connector {
             idle_since: Instant::now(),
         })
     }
+}
+
+/// The POST a connection carries: the endpoint's path, its Host and credentials.
+fn request(
+    address: &Address,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, String> {
+    let mut request = Request::post(address.path.clone())
+        .body(Full::new(body))
+        .map_err(|err| format!("cannot make the request: {err}"))?;
+    *request.headers_mut() = headers;
+    let headers = request.headers_mut();
+    headers.insert(header::HOST, address.host.clone());
+    if let Some(authorization) = &address.authorization {
+        headers.insert(header::AUTHORIZATION, authorization.clone());
+    }
+    Ok(request)
 }
 
 /// The platform's trusted roots, as `reqwest` would use them; HTTP/1.1 only.
@@ -329,20 +340,6 @@ async fn drive<F: Future>(driver: &mut Option<Pin<Box<Driver>>>, task: F) -> F::
             task.await
         }
     }
-}
-
-fn one_line(err: &dyn std::error::Error) -> String {
-    let mut line = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !line.contains(&text) {
-            line.push_str(": ");
-            line.push_str(&text);
-        }
-        source = cause.source();
-    }
-    line
 }
 
 #[cfg(test)]

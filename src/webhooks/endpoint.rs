@@ -13,7 +13,7 @@ use tokio::{
 
 use super::{
     ahead::{ReadAhead, WINDOW},
-    attempt::{Attempt, Sender, Target, webhook_id},
+    attempt::{Attempt, Target, webhook_id},
     backoff::Backoff,
     posting::{Posting, Tried},
 };
@@ -88,7 +88,6 @@ pub(super) struct EndpointDelivery {
     pub(super) store: Arc<dyn Store>,
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
-    pub(super) sender: Sender,
     pub(super) posting: Arc<Posting>,
     pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
@@ -109,7 +108,7 @@ impl EndpointDelivery {
         };
         let mut ahead = ReadAhead::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
-        let mut lane = self.posting.open(self.sender.clone(), target, IN_FLIGHT);
+        let mut lane = self.posting.open(target, IN_FLIGHT);
         let mut in_flight = 0;
         // Whether the log may hold more than was read: false after a read came back short,
         // until the bell, an announcement or the poll says there may be new events.

@@ -15,7 +15,6 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 use plantstore_store::{Announcements, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
-use attempt::Sender;
 pub use backoff::Backoff;
 use endpoint::{EndpointDelivery, Stopped};
 use posting::Posting;
@@ -44,7 +43,6 @@ pub struct Deliveries {
     /// This instance's name in the leases: its host and address, so that the same instance
     /// started again after a crash takes its leases back at once.
     owner: Arc<str>,
-    sender: Sender,
     bell: Bell,
     /// Between this instance and the others, where the database carries it.
     announcements: Option<Arc<dyn Announcements>>,
@@ -83,7 +81,6 @@ impl Deliveries {
         owner: String,
     ) -> Self {
         Self {
-            sender: Sender::new(settings.timeout),
             announcements: store.announcements(),
             store,
             settings,
@@ -97,7 +94,7 @@ impl Deliveries {
     /// leases, so another instance takes over without waiting for them to run out.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
-        let posting = Arc::new(Posting::start());
+        let posting = Arc::new(Posting::start(self.settings.timeout));
         let (announcing, needed) = watch::channel(false);
         let announce = async {
             match &self.announcements {
@@ -177,7 +174,6 @@ impl Deliveries {
                     store: Arc::clone(&self.store),
                     lease,
                     owner: Arc::clone(&self.owner),
-                    sender: self.sender.clone(),
                     posting: Arc::clone(posting),
                     backoff: self.settings.backoff,
                     metrics: Arc::clone(&self.metrics),

@@ -29,26 +29,34 @@ pub(super) struct Tried {
 /// Where endpoints' posts run; the thread ends when this is dropped.
 pub(super) struct Posting {
     runtime: Handle,
+    sender: Sender,
     _stop: Option<oneshot::Sender<()>>,
 }
 
 impl Posting {
-    /// Starts the posting thread; when the system gives none, posts run on the caller's
-    /// runtime, as requests do.
-    pub(super) fn start() -> Self {
+    /// Starts the posting thread, whose posts give up after `timeout`; when the system
+    /// gives no thread, posts run on the caller's runtime, as requests do.
+    pub(super) fn start(timeout: Duration) -> Self {
+        let sender = Sender::new(timeout);
         match Self::thread() {
-            Ok(posting) => posting,
+            Ok((runtime, stop)) => Self {
+                runtime,
+                sender,
+                _stop: Some(stop),
+            },
             Err(err) => {
                 tracing::warn!(error = %err, "cannot start the webhook posting thread; posting beside requests");
                 Self {
                     runtime: Handle::current(),
+                    sender,
                     _stop: None,
                 }
             }
         }
     }
 
-    fn thread() -> std::io::Result<Self> {
+    /// The thread's runtime, and what ends the thread when sent or dropped.
+    fn thread() -> std::io::Result<(Handle, oneshot::Sender<()>)> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -61,17 +69,15 @@ impl Posting {
                 // Ends when `stop` is sent or dropped; the lanes still running end with it.
                 let _ = runtime.block_on(stopped);
             })?;
-        Ok(Self {
-            runtime: handle,
-            _stop: Some(stop),
-        })
+        Ok((handle, stop))
     }
 
     /// A lane for one endpoint's posts: turns in, what each came to out. The lane ends
     /// when the returned `Lane` is dropped.
-    pub(super) fn open(&self, sender: Sender, target: Arc<Target>, in_flight: usize) -> Lane {
+    pub(super) fn open(&self, target: Arc<Target>, in_flight: usize) -> Lane {
         let (turns, turns_in) = mpsc::unbounded_channel();
         let (tried_out, tried) = mpsc::unbounded_channel();
+        let sender = self.sender.clone();
         self.runtime
             .spawn(post_turns(sender, target, in_flight, turns_in, tried_out));
         Lane { turns, tried }
@@ -107,7 +113,7 @@ async fn post_turns(
 ) {
     let mut posts: FuturesUnordered<BoxFuture<'static, (Tried, Option<Connection>)>> =
         FuturesUnordered::new();
-    let mut idle = Idle::default();
+    let mut idle = Idle::keeping(in_flight);
     loop {
         tokio::select! {
             turn = turns.recv() => {
@@ -120,7 +126,7 @@ async fn post_turns(
             }
             Some((done, connection)) = posts.next() => {
                 if let Some(connection) = connection {
-                    idle.put(connection, in_flight);
+                    idle.put(connection);
                 }
                 if tried.send(done).is_err() {
                     return;
