@@ -8,6 +8,7 @@ mod errors;
 mod schema;
 mod seed;
 mod snapshot;
+mod stream;
 mod tokens;
 mod webhooks;
 mod writer;
@@ -206,7 +207,7 @@ impl Webhooks for SqliteStore {
         after: StreamPosition,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        webhooks::read(&self.readers, after, limit).await
+        stream::read(&self.readers, after, limit).await
     }
 
     async fn report_delivery(

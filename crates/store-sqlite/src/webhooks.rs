@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
-    StreamPosition, found,
+    DeliveryReport, EndpointRecord, Lease, LeaseRow, ReplayOutcome, StoreError, found,
 };
 use sqlx::SqlitePool;
 
@@ -149,54 +148,6 @@ pub(crate) async fn claim(
     .await
     .map_err(classify)?;
     Ok(rows.into_iter().map(Lease::from).collect())
-}
-
-#[tracing::instrument(level = "debug", skip(readers))]
-pub(crate) async fn read(
-    readers: &SqlitePool,
-    after: StreamPosition,
-    limit: i64,
-) -> Result<Vec<Event>, StoreError> {
-    // Each kind is read in its index's order and cut at `limit`, so a read costs what it
-    // returns, not the whole backlog.
-    let (deletes_pos, deletes_id) = after.after_for(0);
-    let (restores_pos, restores_id) = after.after_for(1);
-    let rows = sqlx::query_as!(
-        EventRow,
-        r#"SELECT pos AS "pos!: i64", kind AS "kind!: i64", id AS "id!: i64",
-                  plant_id AS "plant_id!: i64", token_name AS "caller!: String",
-                  request_id AS "request_id!: String", idempotency_key AS "idempotency_key?: String",
-                  deleted_at AS "deleted_at!: DateTime<Utc>", snapshot AS "snapshot?: String",
-                  restored_at AS "restored_at?: DateTime<Utc>", restored_by AS "restored_by?: String"
-           FROM (
-               SELECT * FROM (
-                   SELECT id AS pos, 0 AS kind, id, plant_id, token_name, request_id,
-                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
-                   FROM plantstore_deletions
-                   WHERE id >= ?1 AND (id, id) > (?1, ?2)
-                   ORDER BY id
-                   LIMIT ?5)
-               UNION ALL
-               SELECT * FROM (
-                   SELECT restored_pos AS pos, 1 AS kind, id, plant_id, token_name, request_id,
-                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
-                   FROM plantstore_deletions
-                   WHERE restored_pos >= ?3 AND (restored_pos, id) > (?3, ?4)
-                   ORDER BY restored_pos, id
-                   LIMIT ?5)
-           )
-           ORDER BY pos, kind, id
-           LIMIT ?5"#,
-        deletes_pos,
-        deletes_id,
-        restores_pos,
-        restores_id,
-        limit
-    )
-    .fetch_all(readers)
-    .await
-    .map_err(classify)?;
-    Ok(rows.into_iter().map(Event::from).collect())
 }
 
 #[tracing::instrument(level = "debug", skip(writer, lease), fields(endpoint = lease.endpoint))]
