@@ -1,15 +1,16 @@
 //! One delivery attempt: the event's body, its signed headers, one POST and what came of it.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
+use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
-use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http::StatusCode;
 use plantstore_store::{Event, EventKind};
 use serde_json::value::RawValue;
 
 use super::{
-    client::{Address, Connection, Connector},
-    signature::sign,
+    client::{self, Address, Answered, NoAnswer},
+    signature::Key,
 };
 
 /// What one POST came to.
@@ -26,23 +27,6 @@ pub(super) enum Attempt {
     },
 }
 
-/// Where one endpoint's events go: its URL taken apart once for all of its attempts
-/// (parsing it for each showed in the delivery's profile), and its secret.
-pub(super) struct Target {
-    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
-    address: Result<Address, String>,
-    secret: String,
-}
-
-impl Target {
-    pub(super) fn new(url: &str, secret: String) -> Self {
-        Self {
-            address: Address::parse(url),
-            secret,
-        }
-    }
-}
-
 impl Attempt {
     /// A failure the receiver gave no advice on.
     fn failed(error: String) -> Self {
@@ -51,79 +35,68 @@ impl Attempt {
             retry_after: None,
         }
     }
-}
 
-/// Posts events; one per endpoint's delivery, all sharing one TLS configuration.
-#[derive(Clone)]
-pub(super) struct Sender {
-    connector: Connector,
-    timeout: Duration,
-}
-
-impl Sender {
-    /// No redirects followed (nothing here follows them): a receiver moved is a failure an
-    /// operator should see, not a place to send signed events to unasked.
-    pub(super) fn new(timeout: Duration) -> Self {
-        Self {
-            connector: Connector::new(),
-            timeout,
-        }
-    }
-
-    /// POSTs `event` to the target, signed with its secret, over `connection` when there
-    /// is one; the connection back when it can carry another.
-    pub(super) async fn post(
-        &self,
-        target: &Target,
-        connection: Option<Connection>,
-        event: &Event,
-    ) -> (Attempt, Option<Connection>) {
-        let address = match &target.address {
-            Ok(address) => address,
-            Err(error) => return (Attempt::failed(error.clone()), connection),
-        };
-        let id = webhook_id(event);
-        let body = body(event);
-        let timestamp = Utc::now().timestamp();
-        let Some(signature) = sign(&target.secret, &id, timestamp, body.as_bytes()) else {
-            let error = "the endpoint's stored secret is not whsec_ and base64";
-            return (Attempt::failed(error.into()), connection);
-        };
-        let mut headers = HeaderMap::with_capacity(8);
-        headers.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        headers.insert(header::USER_AGENT, HeaderValue::from_static(USER_AGENT));
-        for (name, value) in [
-            ("webhook-id", id),
-            ("webhook-timestamp", timestamp.to_string()),
-            ("webhook-signature", signature),
-        ] {
-            // ASCII by construction; were one not, no unsigned request goes out.
-            let Ok(value) = HeaderValue::try_from(value) else {
-                let error = format!("cannot make the {name} header");
-                return (Attempt::failed(error), connection);
-            };
-            headers.insert(name, value);
-        }
-        let posted = self
-            .connector
-            .post(address, connection, headers, body.into());
-        let (answer, connection) = match tokio::time::timeout(self.timeout, posted).await {
-            Ok(posted) => posted,
-            Err(_) => (Err("no answer within the timeout".into()), None),
-        };
-        let attempt = match answer {
-            Err(error) => Attempt::failed(error),
+    /// What an answer, or the lack of one, means for the event.
+    pub(super) fn of(answered: Answered) -> Self {
+        match answered {
+            Err(NoAnswer::Failed(error) | NoAnswer::Unanswered(error)) => Attempt::failed(error),
             Ok(answer) if answer.status.is_success() => Attempt::Delivered,
             Ok(answer) if answer.status == StatusCode::GONE => Attempt::Gone,
             Ok(answer) => Attempt::Failed {
                 error: format!("the receiver answered {}", answer.status),
-                retry_after: retry_after(&answer.headers),
+                retry_after: answer.retry_after,
             },
+        }
+    }
+}
+
+/// Where one endpoint's events go: its URL taken apart once for all of its attempts
+/// (parsing it for each showed in the delivery's profile), and its secret.
+pub(super) struct Target {
+    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
+    address: Result<Arc<Address>, String>,
+    /// `None` when the stored secret is not `whsec_` and base64.
+    key: Option<Key>,
+}
+
+impl Target {
+    pub(super) fn new(url: &str, secret: &str) -> Self {
+        Self {
+            address: Address::parse(url).map(Arc::new),
+            key: Key::of(secret),
+        }
+    }
+
+    pub(super) fn address(&self) -> Option<&Arc<Address>> {
+        self.address.as_ref().ok()
+    }
+
+    /// The signed POST of `event`, or the failed attempt when none can be made. No
+    /// redirects are followed (nothing here follows them): a receiver moved is a failure
+    /// an operator should see, not a place to send signed events to unasked.
+    pub(super) fn request(&self, event: &Event) -> Result<Bytes, Attempt> {
+        let address = self
+            .address
+            .as_ref()
+            .map_err(|error| Attempt::failed(error.clone()))?;
+        let id = webhook_id(event);
+        let body = body(event);
+        let Some(key) = &self.key else {
+            let error = "the endpoint's stored secret is not whsec_ and base64";
+            return Err(Attempt::failed(error.into()));
         };
-        (attempt, connection)
+        let timestamp = Utc::now().timestamp();
+        let signature = key.sign(&id, timestamp, body.as_bytes());
+        let timestamp = timestamp.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("user-agent", USER_AGENT),
+            ("webhook-id", &id),
+            ("webhook-timestamp", &timestamp),
+            ("webhook-signature", &signature),
+        ];
+        // ASCII by construction; were one not, no unsigned request goes out.
+        client::request(address, &headers, body.as_bytes()).map_err(Attempt::failed)
     }
 }
 
@@ -185,16 +158,4 @@ pub(super) fn body(event: &Event) -> String {
 
 fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
-
-/// `Retry-After` in seconds; the HTTP-date form is taken as "no advice".
-fn retry_after(headers: &header::HeaderMap) -> Option<Duration> {
-    let seconds: u64 = headers
-        .get(header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(Duration::from_secs(seconds))
 }

@@ -100,7 +100,7 @@ impl EndpointDelivery {
     #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint))]
     pub(super) async fn run(mut self) -> Stopped {
         let label = self.lease.endpoint.to_string();
-        let target = Arc::new(Target::new(&self.lease.url, self.lease.secret.clone()));
+        let target = Arc::new(Target::new(&self.lease.url, &self.lease.secret));
         let poll = if self.heard.is_some() {
             POLL_HEARING
         } else {

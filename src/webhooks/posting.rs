@@ -3,8 +3,9 @@
 
 use std::{sync::Arc, time::Duration};
 
+use bytes::Bytes;
 use chrono::Utc;
-use futures_util::{StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use plantstore_store::Event;
 use tokio::{
     runtime::Handle,
@@ -14,8 +15,8 @@ use tokio::{
 
 use super::{
     ahead::Turn,
-    attempt::{Attempt, Sender, Target},
-    client::{Connection, Idle},
+    attempt::{Attempt, Target},
+    client::{Connections, Connector, NoAnswer},
 };
 
 /// One event's attempt, as it came back.
@@ -29,7 +30,8 @@ pub(super) struct Tried {
 /// Where endpoints' posts run; the thread ends when this is dropped.
 pub(super) struct Posting {
     runtime: Handle,
-    sender: Sender,
+    connector: Connector,
+    timeout: Duration,
     _stop: Option<oneshot::Sender<()>>,
 }
 
@@ -37,18 +39,20 @@ impl Posting {
     /// Starts the posting thread, whose posts give up after `timeout`; when the system
     /// gives no thread, posts run on the caller's runtime, as requests do.
     pub(super) fn start(timeout: Duration) -> Self {
-        let sender = Sender::new(timeout);
+        let connector = Connector::new();
         match Self::thread() {
             Ok((runtime, stop)) => Self {
                 runtime,
-                sender,
+                connector,
+                timeout,
                 _stop: Some(stop),
             },
             Err(err) => {
                 tracing::warn!(error = %err, "cannot start the webhook posting thread; posting beside requests");
                 Self {
                     runtime: Handle::current(),
-                    sender,
+                    connector,
+                    timeout,
                     _stop: None,
                 }
             }
@@ -77,9 +81,16 @@ impl Posting {
     pub(super) fn open(&self, target: Arc<Target>, in_flight: usize) -> Lane {
         let (turns, turns_in) = mpsc::unbounded_channel();
         let (tried_out, tried) = mpsc::unbounded_channel();
-        let sender = self.sender.clone();
+        let connections = target.address().map(|address| {
+            Connections::new(
+                self.connector.clone(),
+                Arc::clone(address),
+                self.timeout,
+                in_flight,
+            )
+        });
         self.runtime
-            .spawn(post_turns(sender, target, in_flight, turns_in, tried_out));
+            .spawn(post_turns(connections, target, turns_in, tried_out));
         Lane { turns, tried }
     }
 }
@@ -100,63 +111,103 @@ impl Lane {
     pub(super) async fn next(&mut self) -> Option<Tried> {
         self.tried.recv().await
     }
+
+    /// An attempt done, if one is back already.
+    pub(super) fn try_next(&mut self) -> Option<Tried> {
+        self.tried.try_recv().ok()
+    }
 }
 
-/// Posts each turn as it comes, `in_flight` at most at once (the endpoint sends no more),
-/// over connections kept between posts.
+/// What became of a turn the lane holds.
+enum Step {
+    /// Its wait is over: it goes now.
+    Due(Turn),
+    /// Its request's connection ended before the answer; it goes once more at once.
+    Unanswered(Turn, Bytes),
+    Done(Turn, Attempt),
+}
+
+/// Posts each turn as it comes (the endpoint sends no more than it allows in flight),
+/// over connections kept between posts; `None` when the endpoint's URL cannot be used.
 async fn post_turns(
-    sender: Sender,
+    mut connections: Option<Connections>,
     target: Arc<Target>,
-    in_flight: usize,
     mut turns: mpsc::UnboundedReceiver<Turn>,
     tried: mpsc::UnboundedSender<Tried>,
 ) {
-    let mut posts: FuturesUnordered<BoxFuture<'static, (Tried, Option<Connection>)>> =
-        FuturesUnordered::new();
-    let mut idle = Idle::keeping(in_flight);
+    let mut steps: FuturesUnordered<BoxFuture<'static, Step>> = FuturesUnordered::new();
     loop {
-        tokio::select! {
-            turn = turns.recv() => {
-                let Some(turn) = turn else {
-                    return;
-                };
+        let step = tokio::select! {
+            turn = turns.recv() => match turn {
+                None => return,
+                Some(turn) if turn.2.is_zero() => Step::Due(turn),
                 // A retry waits first; it takes a connection when it goes.
-                let connection = if turn.2.is_zero() { idle.take() } else { None };
-                posts.push(Box::pin(attempt(sender.clone(), Arc::clone(&target), connection, turn)));
-            }
-            Some((done, connection)) = posts.next() => {
-                if let Some(connection) = connection {
-                    idle.put(connection);
+                Some(turn) => {
+                    steps.push(sleep(turn.2).map(|()| Step::Due(turn)).boxed());
+                    continue;
                 }
-                if tried.send(done).is_err() {
-                    return;
+            },
+            Some(step) = steps.next() => step,
+        };
+        let done = match step {
+            Step::Due(turn) => match target.request(&turn.0) {
+                Ok(request) => {
+                    steps.push(send(connections.as_mut(), turn, request, true));
+                    continue;
                 }
+                Err(attempt) => (turn, attempt),
+            },
+            Step::Unanswered(turn, request) => {
+                if let Some(connections) = connections.as_mut() {
+                    connections.one_at_a_time();
+                }
+                steps.push(send(connections.as_mut(), turn, request, false));
+                continue;
             }
+            Step::Done(turn, attempt) => (turn, attempt),
+        };
+        if tried.send(finished(done)).is_err() {
+            return;
         }
     }
 }
 
-/// One attempt, after the turn's wait.
-async fn attempt(
-    sender: Sender,
-    target: Arc<Target>,
-    connection: Option<Connection>,
-    (event, failures, wait): Turn,
-) -> (Tried, Option<Connection>) {
-    if !wait.is_zero() {
-        sleep(wait).await;
+/// Sends `request` and waits for what comes of it; once more at once if `first` and its
+/// connection ended before the answer.
+fn send(
+    connections: Option<&mut Connections>,
+    turn: Turn,
+    request: Bytes,
+    first: bool,
+) -> BoxFuture<'static, Step> {
+    // A request is only made for a usable URL, which has connections.
+    let Some(connections) = connections else {
+        let failed = Attempt::of(Err(NoAnswer::Failed("no connection".into())));
+        return std::future::ready(Step::Done(turn, failed)).boxed();
+    };
+    let answer = connections.send(request.clone());
+    async move {
+        let answered = answer
+            .await
+            .unwrap_or_else(|_| Err(NoAnswer::Unanswered("the connection ended".into())));
+        match answered {
+            Err(NoAnswer::Unanswered(_)) if first => Step::Unanswered(turn, request),
+            answered => Step::Done(turn, Attempt::of(answered)),
+        }
     }
-    let (attempt, connection) = sender.post(&target, connection, &event).await;
+    .boxed()
+}
+
+fn finished(((event, failures, _), attempt): (Turn, Attempt)) -> Tried {
     let lag = (Utc::now() - event.happened_at())
         .to_std()
         .unwrap_or_default();
-    let tried = Tried {
+    Tried {
         event,
         failures,
         attempt,
         lag,
-    };
-    (tried, connection)
+    }
 }
 
 /// Linux keeps a nice value per thread; elsewhere the thread keeps the process's.

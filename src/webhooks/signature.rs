@@ -17,19 +17,31 @@ pub fn new_secret() -> String {
 /// `v1,` and the base64 HMAC-SHA256, keyed by the secret's bytes, of `id.timestamp.body`;
 /// `None` when the stored secret is not `whsec_` and base64.
 pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Option<String> {
-    let key = STANDARD
-        .decode(secret.strip_prefix(PREFIX).unwrap_or(secret))
-        .ok()?;
-    let mut mac = Hmac::<Sha256>::new_from_slice(&key).ok()?;
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    Some(format!(
-        "v1,{}",
-        STANDARD.encode(mac.finalize().into_bytes())
-    ))
+    Some(Key::of(secret)?.sign(id, timestamp, body))
+}
+
+/// An endpoint's secret, decoded and keyed once for all of its events.
+#[derive(Clone)]
+pub(super) struct Key(Hmac<Sha256>);
+
+impl Key {
+    /// `None` when the stored secret is not `whsec_` and base64.
+    pub(super) fn of(secret: &str) -> Option<Self> {
+        let key = STANDARD
+            .decode(secret.strip_prefix(PREFIX).unwrap_or(secret))
+            .ok()?;
+        Hmac::<Sha256>::new_from_slice(&key).ok().map(Self)
+    }
+
+    pub(super) fn sign(&self, id: &str, timestamp: i64, body: &[u8]) -> String {
+        let mut mac = self.0.clone();
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.to_string().as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+    }
 }
 
 #[cfg(test)]

@@ -266,7 +266,8 @@ fn expand(tree: &str, prefix: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
     prefix.truncate(depth_before);
 }
 
-/// `crate::a::b` and `super::c` paths written in code rather than imported.
+/// `crate::a::b` and `super::c` paths written in code rather than imported (visibility
+/// restrictions aside).
 fn inline_paths(code: &str) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     for anchor in ["crate::", "super::"] {
@@ -277,7 +278,9 @@ fn inline_paths(code: &str) -> Vec<Vec<String>> {
             let end = tail
                 .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
                 .unwrap_or(tail.len());
-            if !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
+            // `pub(in crate::a)` says who may see an item, not what it uses.
+            let visibility = rest[..at].ends_with("pub(in ");
+            if !visibility && !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
                 out.push(
                     tail[..end]
                         .split("::")

@@ -24,6 +24,7 @@ use crate::{
 on_both_backends!(
     every_committed_delete_arrives_signed_after_the_receiver_recovers,
     a_plant_deleted_restored_and_deleted_again_arrives_in_that_order,
+    a_receiver_that_closes_each_connection_gets_every_event_once,
     a_410_disables_the_endpoint_until_it_is_enabled,
     replay_sends_again_from_an_entry_with_the_same_ids,
     prune_keeps_what_an_endpoint_has_not_received,
@@ -211,6 +212,33 @@ async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backe
     let endpoint = wait_until_nothing_pending(&app).await;
     assert_eq!(endpoint["state"], "active", "{endpoint}");
     assert!(endpoint["delivered_through"].is_i64(), "{endpoint}");
+}
+
+/// Requests that come together share a connection; a receiver that closes it after one
+/// answer gets the others again on new connections, each event once.
+async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Closing(204)).await;
+    let app = spawn(backend).await;
+    add_endpoint(&app, &receiver, &[]);
+    let plants: Vec<i64> = (1..=60).collect();
+    app.add_plants(&plants).await;
+    delete_all(&app, plants.iter().copied()).await;
+
+    let expected = logged_ids(&app).await;
+    assert_eq!(expected.len(), 60);
+    receiver
+        .wait_for(WITHIN, "every delete accepted", |got| {
+            let accepted: HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
+            expected.iter().all(|id| accepted.contains(id.as_str()))
+        })
+        .await;
+    let endpoint = wait_until_nothing_pending(&app).await;
+    assert_eq!(endpoint["state"], "active", "{endpoint}");
+    let got = receiver.received();
+    assert!(got.iter().all(|r| r.verified && r.accepted), "{got:#?}");
+    let ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    let once: HashSet<&str> = ids.iter().copied().collect();
+    assert_eq!(once.len(), ids.len(), "an event came twice: {ids:?}");
 }
 
 async fn a_plant_deleted_restored_and_deleted_again_arrives_in_that_order(backend: Backend) {

@@ -1,0 +1,133 @@
+//! One endpoint's connections, and which one carries the next request: requests that come
+//! together share one connection and one write, so that a receiver under load is woken
+//! once for many events rather than once for each.
+
+use std::{
+    sync::{Arc, atomic::Ordering::Relaxed},
+    time::Duration,
+};
+
+use bytes::Bytes;
+use tokio::{
+    sync::{mpsc, oneshot},
+    time::Instant,
+};
+
+use super::{
+    address::Address,
+    connection::{self, Answered, Counts, Outgoing},
+    connector::Connector,
+};
+
+/// The most requests one connection carries at once. An answer that is late holds up
+/// those behind it until the timeout, when they are sent again on another connection.
+const DEPTH: usize = 16;
+/// How long requests go one per connection after a connection ended with requests
+/// unanswered: the receiver may not take requests pipelined, or may be slow.
+const ONE_AT_A_TIME: Duration = Duration::from_secs(60);
+
+/// An open connection, as its endpoint sees it.
+struct Pipe {
+    requests: mpsc::UnboundedSender<Outgoing>,
+    counts: Arc<Counts>,
+}
+
+pub(in crate::webhooks) struct Connections {
+    connector: Connector,
+    address: Arc<Address>,
+    timeout: Duration,
+    open: Vec<Pipe>,
+    /// The most connections open at once.
+    most: usize,
+    /// Until when each request goes on a connection of its own.
+    one_at_a_time_until: Option<Instant>,
+}
+
+impl Connections {
+    /// Connections to `address`, at most `most` of them, whose requests fail when not
+    /// answered within `timeout`.
+    pub(in crate::webhooks) fn new(
+        connector: Connector,
+        address: Arc<Address>,
+        timeout: Duration,
+        most: usize,
+    ) -> Self {
+        Self {
+            connector,
+            address,
+            timeout,
+            open: Vec::with_capacity(most),
+            most,
+            one_at_a_time_until: None,
+        }
+    }
+
+    /// Sends `request` on a connection; its answer, or why there is none, comes back on
+    /// the receiver. Must be called inside the runtime new connections run on.
+    pub(in crate::webhooks) fn send(&mut self, request: Bytes) -> oneshot::Receiver<Answered> {
+        let (answered, answer) = oneshot::channel();
+        let mut outgoing = Outgoing { request, answered };
+        loop {
+            let index = self.choose();
+            let pipe = &self.open[index];
+            match pipe.requests.send(outgoing) {
+                Ok(()) => {
+                    pipe.counts.outstanding.fetch_add(1, Relaxed);
+                    pipe.counts.unwritten.fetch_add(1, Relaxed);
+                    return answer;
+                }
+                // It ended since it was chosen.
+                Err(mpsc::error::SendError(back)) => {
+                    self.open.swap_remove(index);
+                    outgoing = back;
+                }
+            }
+        }
+    }
+
+    /// After a connection ended with requests unanswered: one request per connection for
+    /// a while.
+    pub(in crate::webhooks) fn one_at_a_time(&mut self) {
+        self.one_at_a_time_until = Some(Instant::now() + ONE_AT_A_TIME);
+    }
+
+    /// The connection for the next request: one about to write others, while it has room;
+    /// else an idle one; else a new one; else the least busy.
+    fn choose(&mut self) -> usize {
+        self.open.retain(|pipe| !pipe.requests.is_closed());
+        let load = |pipe: &Pipe| pipe.counts.outstanding.load(Relaxed);
+        let pipelining = self
+            .one_at_a_time_until
+            .is_none_or(|until| Instant::now() >= until);
+        let joining = self.open.iter().position(|pipe| {
+            pipelining && pipe.counts.unwritten.load(Relaxed) > 0 && load(pipe) < DEPTH
+        });
+        let idle = || self.open.iter().position(|pipe| load(pipe) == 0);
+        if let Some(index) = joining.or_else(idle) {
+            return index;
+        }
+        if self.open.len() < self.most {
+            self.open.push(self.start());
+            return self.open.len() - 1;
+        }
+        (0..self.open.len())
+            .min_by_key(|&index| load(&self.open[index]))
+            .unwrap_or_else(|| {
+                self.open.push(self.start());
+                self.open.len() - 1
+            })
+    }
+
+    fn start(&self) -> Pipe {
+        let (requests, taken) = mpsc::unbounded_channel();
+        let counts = Arc::new(Counts::default());
+        let open = self.connector.clone().open(Arc::clone(&self.address));
+        tokio::spawn(connection::run(
+            open,
+            taken,
+            Arc::clone(&counts),
+            self.timeout,
+        ));
+        Pipe { requests, counts }
+    }
+}
