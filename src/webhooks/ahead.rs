@@ -43,12 +43,13 @@ impl ReadAhead {
         WINDOW - self.window.len()
     }
 
-    pub(super) fn read_to(&self) -> StreamPosition {
-        self.read_to
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.window.is_empty()
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.window.is_empty()
+    pub(super) fn read_to(&self) -> StreamPosition {
+        self.read_to
     }
 
     /// Takes events just read, in stream order; those the endpoint does not want are done
