@@ -24,6 +24,7 @@ use crate::{
 on_both_backends!(
     every_committed_delete_arrives_signed_after_the_receiver_recovers,
     a_plant_deleted_restored_and_deleted_again_arrives_in_that_order,
+    a_later_restore_of_an_older_entry_still_arrives,
     a_receiver_that_closes_each_connection_gets_every_event_once,
     a_410_disables_the_endpoint_until_it_is_enabled,
     replay_sends_again_from_an_entry_with_the_same_ids,
@@ -273,6 +274,42 @@ async fn a_plant_deleted_restored_and_deleted_again_arrives_in_that_order(backen
         restore.json["timestamp"],
         restore.json["data"]["restored_at"]
     );
+}
+
+/// Restores between the same two deletes go out in the order they were made, whichever
+/// entries they restore: one of an older entry, made after a newer one's went out, is not
+/// left behind the delivery's cursor.
+async fn a_later_restore_of_an_older_entry_still_arrives(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(backend).await;
+    add_endpoint(&app, &receiver, &[]);
+    app.add_plants(&[1, 2, 3]).await;
+    delete_all(&app, [1, 2, 3]).await;
+    let entries = app.db.deletion_ids().await;
+    let mut expected: Vec<String> = entries.iter().map(|id| format!("deletion_{id}")).collect();
+    receiver
+        .wait_for(WITHIN, "the three deletes", |got| got.len() >= 3)
+        .await;
+
+    for entry in [entries[2], entries[0]] {
+        succeeded(&plantstore(
+            &app,
+            &["deletions", "restore", &entry.to_string(), "--by", "ops"],
+        ));
+        expected.push(format!("restore_{entry}"));
+        let count = expected.len();
+        receiver
+            .wait_for(WITHIN, &format!("restore_{entry}"), |got| {
+                got.len() >= count
+            })
+            .await;
+    }
+    let mut deletes = accepted_ids(&receiver);
+    let restores = deletes.split_off(3);
+    deletes.sort();
+    expected[..3].sort();
+    assert_eq!([deletes, restores].concat(), expected);
+    assert_eq!(wait_until_nothing_pending(&app).await["state"], "active");
 }
 
 async fn a_410_disables_the_endpoint_until_it_is_enabled(backend: Backend) {

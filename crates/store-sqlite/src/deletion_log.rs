@@ -90,7 +90,8 @@ async fn restore_entry(
     sqlx::query!(
         "UPDATE plantstore_deletions
          SET restored_at = ?, restored_by = ?,
-             restored_pos = (SELECT MAX(id) FROM plantstore_deletions)
+             restored_pos = (SELECT MAX(id) FROM plantstore_deletions),
+             restored_seq = (SELECT COALESCE(MAX(restored_seq), 0) + 1 FROM plantstore_deletions)
          WHERE id = ?",
         now,
         by,
@@ -111,19 +112,22 @@ pub(crate) async fn prune(
     before: DateTime<Utc>,
 ) -> Result<u64, StoreError> {
     // An entry stays while an endpoint not disabled has yet to receive its delete or its
-    // restore. While any endpoint exists, the newest entry stays too: SQLite gives a new
-    // row the highest id plus one, and ids that went back would put new deletes behind
-    // the endpoints' cursors.
+    // restore. While any endpoint exists, the newest entry and the latest restored stay
+    // too: a new row gets the highest id plus one, a new restore the highest restored_seq
+    // plus one, and either going back would put new events behind the endpoints' cursors.
     let done = sqlx::query!(
         "DELETE FROM plantstore_deletions AS d
          WHERE d.deleted_at < ?1
-           AND (d.id < (SELECT MAX(id) FROM plantstore_deletions)
+           AND ((d.id < (SELECT MAX(id) FROM plantstore_deletions)
+                 AND (d.restored_seq IS NULL
+                      OR d.restored_seq < (SELECT MAX(restored_seq) FROM plantstore_deletions)))
                 OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
            AND NOT EXISTS (
                SELECT 1 FROM plantstore_webhook_endpoints e
                WHERE e.state <> 'disabled'
                  AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
-                      OR (d.restored_pos, 1, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
+                      OR (d.restored_pos, 1, d.restored_seq)
+                         > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
         before
     )
     .execute(writer.lock().await?.conn()?)

@@ -21,26 +21,29 @@ pub(crate) async fn read(
     let (deletes_pos, deletes_id) = after.after_for(0);
     let (restores_pos, restores_id) = after.after_for(1);
     let batch = sqlx::query_scalar!(
-        r#"SELECT json_group_array(json_array(pos, kind, id, plant_id, token_name, request_id,
-                                              idempotency_key, deleted_at, snapshot,
-                                              restored_at, restored_by)) AS "events!: String"
+        r#"SELECT json_group_array(json_array(pos, kind, seq, id, plant_id, token_name,
+                                              request_id, idempotency_key, deleted_at,
+                                              snapshot, restored_at, restored_by))
+                  AS "events!: String"
            FROM (
                SELECT * FROM (
-                   SELECT id AS pos, 0 AS kind, id, plant_id, token_name, request_id,
-                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
+                   SELECT id AS pos, 0 AS kind, id AS seq, id, plant_id, token_name,
+                          request_id, idempotency_key, deleted_at, snapshot, restored_at,
+                          restored_by
                    FROM plantstore_deletions
                    WHERE id >= ?1 AND (id, id) > (?1, ?2)
                    ORDER BY id
                    LIMIT ?5)
                UNION ALL
                SELECT * FROM (
-                   SELECT restored_pos AS pos, 1 AS kind, id, plant_id, token_name, request_id,
-                          idempotency_key, deleted_at, snapshot, restored_at, restored_by
+                   SELECT restored_pos AS pos, 1 AS kind, restored_seq AS seq, id, plant_id,
+                          token_name, request_id, idempotency_key, deleted_at, snapshot,
+                          restored_at, restored_by
                    FROM plantstore_deletions
-                   WHERE restored_pos >= ?3 AND (restored_pos, id) > (?3, ?4)
-                   ORDER BY restored_pos, id
+                   WHERE restored_pos >= ?3 AND (restored_pos, restored_seq) > (?3, ?4)
+                   ORDER BY restored_pos, restored_seq
                    LIMIT ?5)
-               ORDER BY pos, kind, id
+               ORDER BY pos, kind, seq
                LIMIT ?5
            )"#,
         deletes_pos,
@@ -59,8 +62,10 @@ pub(crate) async fn read(
     Ok(events)
 }
 
-/// One event as `json_array` lays it out, in the query's column order.
+/// One event as `json_array` lays it out, in the query's column order: `seq` orders the
+/// events at one place of the stream (a delete's id, a restore's `restored_seq`).
 type Columns = (
+    i64,
     i64,
     i64,
     i64,
@@ -78,9 +83,9 @@ fn decode(batch: &str) -> Result<Vec<Event>, StoreError> {
     let rows: Vec<Columns> = serde_json::from_str(batch).map_err(|err| bad(err.to_string()))?;
     rows.into_iter()
         .map(|row| {
-            let (pos, kind, id, plant_id, caller, request_id, idempotency_key) =
-                (row.0, row.1, row.2, row.3, row.4, row.5, row.6);
-            Ok(Event::from(EventRow {
+            let (pos, kind, seq, id, plant_id, caller, request_id, idempotency_key) =
+                (row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7);
+            let mut event = Event::from(EventRow {
                 pos,
                 kind,
                 id,
@@ -88,11 +93,13 @@ fn decode(batch: &str) -> Result<Vec<Event>, StoreError> {
                 caller,
                 request_id,
                 idempotency_key,
-                deleted_at: time(&row.7)?,
-                snapshot: row.8,
-                restored_at: row.9.as_deref().map(time).transpose()?,
-                restored_by: row.10,
-            }))
+                deleted_at: time(&row.8)?,
+                snapshot: row.9,
+                restored_at: row.10.as_deref().map(time).transpose()?,
+                restored_by: row.11,
+            });
+            event.position.id = seq;
+            Ok(event)
         })
         .collect()
 }
@@ -143,12 +150,14 @@ mod tests {
 
     #[test]
     fn a_batch_is_read_with_its_nulls() {
-        let batch = r#"[[7,0,7,3,"ops","req-1",null,"2026-11-24T01:02:03.5+00:00","{\"name\":\"fern\"}",null,null]]"#;
+        let batch = r#"[[9,1,2,7,3,"ops","req-1",null,"2026-11-24T01:02:03.5+00:00","{\"name\":\"fern\"}","2026-11-24T01:02:04+00:00",null]]"#;
         let events = decode(batch).expect("a batch");
         let entry = &events[0].entry;
         assert_eq!((entry.id, entry.plant_id), (7, 3));
+        let place = events[0].position;
+        assert_eq!((place.pos, place.kind, place.id), (9, 1, 2));
         assert_eq!(entry.snapshot.as_deref(), Some(r#"{"name":"fern"}"#));
-        assert!(entry.idempotency_key.is_none() && entry.restored_at.is_none());
+        assert!(entry.idempotency_key.is_none() && entry.restored_by.is_none());
         assert_eq!(decode("[]").expect("empty").len(), 0);
     }
 }

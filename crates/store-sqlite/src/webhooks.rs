@@ -1,6 +1,6 @@
 //! Deletion events on SQLite: endpoints, their leases, and the event stream. One writer
 //! commits at a time and ids are given inside its write, so a delete's place in the stream
-//! is its id and a restore's the highest id when it committed.
+//! is its id and a restore's the highest id when it committed, then its restored_seq.
 
 use std::time::Duration;
 
@@ -48,7 +48,8 @@ pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<EndpointRecord>, St
                       AND (d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id))
                   + (SELECT count(*) FROM plantstore_deletions d
                       WHERE d.restored_pos >= e.cursor_pos
-                        AND (d.restored_pos, 1, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id))
+                        AND (d.restored_pos, 1, d.restored_seq)
+                            > (e.cursor_pos, e.cursor_kind, e.cursor_id))
                     AS "pending!: i64"
            FROM plantstore_webhook_endpoints e ORDER BY e.id"#
     )
