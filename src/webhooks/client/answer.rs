@@ -10,6 +10,11 @@ use httparse::Status;
 const HEAD_LIMIT: usize = 16 * 1024;
 /// The most of an answer's body read; past it the connection is not reused.
 const BODY_LIMIT: usize = 64 * 1024;
+/// The most bytes one unfinished answer may take (chunk framing and trailers included):
+/// past it the receiver is sending something other than an answer we can finish.
+const WIRE_LIMIT: usize = 1024 * 1024;
+/// Headers an answer may carry; hyper's client takes as many.
+const HEADERS: usize = 100;
 
 /// What a receiver answered, as far as delivery cares.
 #[derive(Debug)]
@@ -39,7 +44,7 @@ pub(super) enum Read {
 
 /// Reads the first answer in `bytes`.
 pub(super) fn read(bytes: &[u8]) -> Read {
-    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut headers = [httparse::EMPTY_HEADER; HEADERS];
     let mut response = httparse::Response::new(&mut headers);
     let head = match response.parse(bytes) {
         Ok(Status::Complete(head)) => head,
@@ -79,6 +84,9 @@ pub(super) fn read(bytes: &[u8]) -> Read {
     match framing.body {
         Body::Chunked => match chunked(rest) {
             Ok(Some(body)) => whole(body, framing.close),
+            Ok(None) if rest.len() > WIRE_LIMIT => {
+                Read::Bad("the receiver's chunked answer does not end".into())
+            }
             Ok(None) => Read::Partial,
             Err(Chunks::TooLong) => whole(0, true),
             Err(Chunks::Bad) => Read::Bad("the receiver's chunked answer is malformed".into()),
@@ -136,7 +144,12 @@ impl Framing {
                 retry_after = value.parse().ok().map(Duration::from_secs);
             }
         }
-        // Transfer-Encoding wins over Content-Length (RFC 9112, 6.3).
+        // Transfer-Encoding wins over Content-Length (RFC 9112, 6.3), and a message with
+        // both, or chunked from HTTP/1.0, may be framed otherwise by whatever is between
+        // us and the receiver: the connection carries no answer after it.
+        if encoded.is_some() && (length.is_some() || version == Some(0)) {
+            close = true;
+        }
         let body = match (encoded, length) {
             (Some(true), _) => Body::Chunked,
             (Some(false), _) | (None, None) => Body::ToTheEnd,
@@ -241,6 +254,9 @@ mod tests {
             !whole(b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 0\r\n\r\n").2
         );
         assert!(whole(b"HTTP/1.1 200 OK\r\n\r\nuntil the end").2);
+        let both =
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\ntransfer-encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert_eq!(whole(both), (200, both.len(), true, None));
         let long = format!(
             "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n",
             BODY_LIMIT + 1
@@ -262,5 +278,11 @@ mod tests {
         ] {
             assert!(matches!(read(bad), Read::Bad(_)), "{bad:?}");
         }
+        let mut endless = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\n".to_vec();
+        assert!(matches!(read(&endless), Read::Partial));
+        while endless.len() <= WIRE_LIMIT + 1024 {
+            endless.extend_from_slice(b"x-trailer: more\r\n");
+        }
+        assert!(matches!(read(&endless), Read::Bad(_)));
     }
 }

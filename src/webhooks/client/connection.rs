@@ -115,6 +115,10 @@ impl Connection {
                     Ok(0) => return NoAnswer::Unanswered("the receiver closed the connection".into()),
                     Err(err) => return NoAnswer::Unanswered(format!("the connection failed: {err}")),
                     Ok(_) => match self.answers(&mut input) {
+                        // Bytes that keep coming finish no answer past its deadline.
+                        Ok(true) if self.waiting.front().is_some_and(|first| Instant::now() >= first.deadline) => {
+                            return self.fail_first("no answer within the timeout".into());
+                        }
                         Ok(true) => idle_since = Instant::now(),
                         Ok(false) => {
                             return NoAnswer::Unanswered("the receiver closed the connection after an earlier answer".into());
@@ -125,6 +129,12 @@ impl Connection {
                 () = &mut timer => {
                     if late.is_some() {
                         return self.fail_first("no answer within the timeout".into());
+                    }
+                    // A request handed over as the idle time ran out is carried: refused,
+                    // it would count as unanswered and end pipelining for a minute.
+                    if !self.requests.is_empty() {
+                        idle_since = Instant::now();
+                        continue;
                     }
                     return NoAnswer::Unanswered("the connection was closed unused".into());
                 }

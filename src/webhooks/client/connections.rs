@@ -70,12 +70,11 @@ impl Connections {
         loop {
             let index = self.choose();
             let pipe = &self.open[index];
+            // Counted before it is handed over: the connection may answer it at once.
+            pipe.counts.outstanding.fetch_add(1, Relaxed);
+            pipe.counts.unwritten.fetch_add(1, Relaxed);
             match pipe.requests.send(outgoing) {
-                Ok(()) => {
-                    pipe.counts.outstanding.fetch_add(1, Relaxed);
-                    pipe.counts.unwritten.fetch_add(1, Relaxed);
-                    return answer;
-                }
+                Ok(()) => return answer,
                 // It ended since it was chosen.
                 Err(mpsc::error::SendError(back)) => {
                     self.open.swap_remove(index);
