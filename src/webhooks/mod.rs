@@ -10,7 +10,11 @@ mod endpoint;
 mod posting;
 pub mod signature;
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+    time::Duration,
+};
 
 use plantstore_store::{Announcements, Store};
 use tokio::{sync::watch, task::JoinHandle};
@@ -129,11 +133,12 @@ impl Deliveries {
         let mut renewed = tokio::time::Instant::now();
         // Endpoints not disabled, as last counted.
         let mut active = 0;
+        let mut counted = HashSet::new();
         let mut heard: Option<watch::Receiver<u64>> = None;
         for round in 0u32.. {
             every.tick().await;
             if round % COUNT_EVERY == 0 {
-                active = self.count_pending().await.unwrap_or(active);
+                active = self.count_pending(&mut counted).await.unwrap_or(active);
             }
             let leases = match self.store.claim_endpoints(&self.owner, LEASE).await {
                 Ok(leases) => leases,
@@ -185,10 +190,16 @@ impl Deliveries {
         }
     }
 
-    /// Sets the pending gauges; returns how many endpoints are not disabled.
-    async fn count_pending(&self) -> Option<usize> {
+    /// Sets the pending gauges; returns how many endpoints are not disabled. An endpoint
+    /// `counted` last time and gone now was removed: nothing is pending for it any more.
+    async fn count_pending(&self, counted: &mut HashSet<i64>) -> Option<usize> {
         match self.store.list_endpoints().await {
             Ok(endpoints) => {
+                let listed: HashSet<i64> = endpoints.iter().map(|endpoint| endpoint.id).collect();
+                for removed in counted.difference(&listed) {
+                    self.metrics.webhook_pending(&removed.to_string(), 0);
+                }
+                *counted = listed;
                 for endpoint in &endpoints {
                     self.metrics
                         .webhook_pending(&endpoint.id.to_string(), endpoint.pending);

@@ -13,7 +13,7 @@ use crate::{
 on_both_backends!(every_counter_moves_by_what_the_requests_did);
 
 /// One scrape: each series (name and labels, as printed) with its value.
-async fn scrape(app: &TestApp) -> HashMap<String, f64> {
+pub async fn scrape(app: &TestApp) -> HashMap<String, f64> {
     let response = app.get("/metrics").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(

@@ -18,6 +18,7 @@ use crate::{
     helpers::{
         Backend, TestApp, TestDb, plantstore_on, refused, spawn_app_on, succeeded, test_config,
     },
+    metrics::scrape,
     on_both_backends,
 };
 
@@ -31,6 +32,7 @@ on_both_backends!(
     prune_keeps_what_an_endpoint_has_not_received,
     two_instances_deliver_each_event_once,
     each_refused_command_is_one_clear_line,
+    metrics_show_deliveries_pending_and_lag_per_endpoint,
 );
 
 /// How long the tests wait for deliveries that should take well under a second.
@@ -152,6 +154,27 @@ async fn logged_ids(app: &TestApp) -> HashSet<String> {
         .into_iter()
         .map(|id| format!("deletion_{id}"))
         .collect()
+}
+
+/// Scrapes `/metrics` until `series` has a value `wanted` takes; that scrape.
+async fn wait_for_series(
+    app: &TestApp,
+    series: &str,
+    wanted: impl Fn(f64) -> bool,
+) -> HashMap<String, f64> {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let scraped = scrape(app).await;
+        if scraped.get(series).is_some_and(|value| wanted(*value)) {
+            return scraped;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{series} is {:?}",
+            scraped.get(series)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 fn accepted_ids(receiver: &Receiver) -> Vec<String> {
@@ -522,4 +545,38 @@ async fn each_refused_command_is_one_clear_line(backend: Backend) {
     assert_eq!(endpoints(&app).len(), 1);
     succeeded(&plantstore(&app, &["webhooks", "remove", &id]));
     assert!(endpoints(&app).is_empty());
+}
+
+/// `/metrics` counts attempts by result, and shows each endpoint's pending events and the
+/// lag of what it received; a removed endpoint has nothing pending any more.
+async fn metrics_show_deliveries_pending_and_lag_per_endpoint(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(500)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &receiver, &[]);
+    let series = |name: &str, labels: &str| format!("{name}{{endpoint=\"{id}\"{labels}}}");
+    let pending = series("plantstore_webhook_pending_events", "");
+    let failed = series("plantstore_webhook_deliveries_total", ",result=\"failed\"");
+    let delivered = series(
+        "plantstore_webhook_deliveries_total",
+        ",result=\"delivered\"",
+    );
+    let lags = series("plantstore_webhook_delivery_lag_seconds_count", "");
+    app.add_plants(&[1, 2, 3, 4, 5]).await;
+    delete_all(&app, 1..=3).await;
+
+    let failing = wait_for_series(&app, &pending, |value| value == 3.0).await;
+    assert!(failing[&failed] >= 1.0, "{failing:?}");
+    assert_eq!(failing.get(&delivered), None, "{failing:?}");
+
+    receiver.set_default(Reply::Status(204));
+    wait_until_nothing_pending(&app).await;
+    let caught_up = wait_for_series(&app, &pending, |value| value == 0.0).await;
+    assert_eq!(caught_up[&delivered], 3.0, "{caught_up:?}");
+    assert_eq!(caught_up[&lags], 3.0, "{caught_up:?}");
+
+    receiver.set_default(Reply::Status(500));
+    delete_all(&app, 4..=5).await;
+    wait_for_series(&app, &pending, |value| value == 2.0).await;
+    succeeded(&plantstore(&app, &["webhooks", "remove", &id.to_string()]));
+    wait_for_series(&app, &pending, |value| value == 0.0).await;
 }
