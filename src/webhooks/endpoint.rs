@@ -15,7 +15,7 @@ use super::{
     ahead::{ReadAhead, WINDOW},
     attempt::{Attempt, Target, webhook_id},
     backoff::Backoff,
-    posting::{Posting, Tried},
+    posting::{Lane, Posting, Tried},
 };
 use crate::telemetry::Metrics;
 
@@ -34,6 +34,8 @@ const READ_GAP: Duration = Duration::from_millis(20);
 /// the deletes for its one writer (saving each time all read was delivered cost deletes a
 /// tenth of their rate once delivery kept up with them).
 const SAVE_EVERY: Duration = Duration::from_millis(200);
+/// How long a stopping delivery waits for the answers to requests it has sent.
+const ANSWERS_ON_STOP: Duration = Duration::from_secs(2);
 
 /// Why delivery to an endpoint stopped.
 #[derive(Debug, PartialEq, Eq)]
@@ -43,6 +45,8 @@ pub(super) enum Stopped {
     LeaseLost,
     /// The receiver answered 410.
     Disabled,
+    /// This instance is stopping; what was delivered is saved.
+    Halted,
 }
 
 /// How far delivery got, how much of that is saved, and whether its last attempt failed
@@ -63,6 +67,14 @@ impl Progress {
             saved: cursor,
             last_save: Instant::now(),
             failing: None,
+        }
+    }
+
+    /// Moves the cursor over the events delivered in stream order.
+    fn advance(&mut self, ahead: &mut ReadAhead) {
+        if let Some((position, entry)) = ahead.take_done() {
+            self.cursor = position;
+            self.delivered_through = Some(entry);
         }
     }
 
@@ -96,6 +108,8 @@ pub(super) struct EndpointDelivery {
     pub(super) wake: watch::Receiver<u64>,
     /// Changes when another process announces events, where the database carries that.
     pub(super) heard: Option<watch::Receiver<u64>>,
+    /// Turns true when this instance stops.
+    pub(super) stopping: watch::Receiver<bool>,
 }
 
 impl EndpointDelivery {
@@ -133,10 +147,7 @@ impl EndpointDelivery {
                 }
                 in_flight += 1;
             }
-            if let Some((position, entry)) = ahead.take_done() {
-                progress.cursor = position;
-                progress.delivered_through = Some(entry);
-            }
+            progress.advance(&mut ahead);
             let save_at = progress.save_at();
             if save_at.is_some_and(|at| Instant::now() >= at)
                 && let Some(stopped) = self.save(&mut progress).await
@@ -165,6 +176,9 @@ impl EndpointDelivery {
                     more = true;
                     continue;
                 }
+                () = stopped(&mut self.stopping) => {
+                    return self.finish(&mut lane, &label, &mut ahead, &mut progress).await;
+                }
                 () = sleep_until(next_read), if more && Instant::now() < next_read => continue,
                 () = sleep_until(save_at.unwrap_or_else(Instant::now)), if save_at.is_some() => continue,
                 () = sleep(poll) => {
@@ -183,6 +197,33 @@ impl EndpointDelivery {
                 next = lane.try_next();
             }
         }
+    }
+
+    /// Stopping: no more attempts start; those sent are settled as their answers come
+    /// (for up to `ANSWERS_ON_STOP`), and the cursor is saved, so that the instance taking
+    /// over repeats nothing this one saw delivered. An attempt still unanswered then, or a
+    /// retry still waiting, goes again from there, as around a crash.
+    async fn finish(
+        &self,
+        lane: &mut Lane,
+        label: &str,
+        ahead: &mut ReadAhead,
+        progress: &mut Progress,
+    ) -> Stopped {
+        lane.close();
+        let until = Instant::now() + ANSWERS_ON_STOP;
+        while let Ok(Some(tried)) = tokio::time::timeout_at(until, lane.next()).await {
+            if let Some(stopped) = self.settle(tried, label, ahead, progress).await {
+                return stopped;
+            }
+        }
+        progress.advance(ahead);
+        if progress.save_at().is_some()
+            && let Some(stopped) = self.save(progress).await
+        {
+            return stopped;
+        }
+        Stopped::Halted
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
@@ -276,6 +317,11 @@ impl EndpointDelivery {
             }
         }
     }
+}
+
+/// Resolves when this instance stops, or can no longer be told to (the sender is gone).
+async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
 }
 
 /// Resolves when `heard` changes; never when there is nothing to hear.

@@ -31,6 +31,8 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 const LEASE: Duration = Duration::from_secs(10);
 /// How often the pending counts are read for `/metrics`.
 const COUNT_EVERY: u32 = 5;
+/// How long stopping waits for the deliveries to save how far they got.
+const SAVE_ON_STOP: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
@@ -94,10 +96,12 @@ impl Deliveries {
         }
     }
 
-    /// Claims endpoints and delivers to them until `stop` resolves; then gives up its
-    /// leases, so another instance takes over without waiting for them to run out.
+    /// Claims endpoints and delivers to them until `stop` resolves; then has each delivery
+    /// save how far it got and gives up its leases, so another instance takes over at once
+    /// and repeats nothing this one saw delivered.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
+        let (stopping, stopping_seen) = watch::channel(false);
         let posting = Arc::new(Posting::start(self.settings.timeout));
         let (announcing, needed) = watch::channel(false);
         let announce = async {
@@ -110,8 +114,15 @@ impl Deliveries {
         };
         tokio::pin!(stop);
         tokio::select! {
-            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &posting), announce) } => {},
+            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &posting, &stopping_seen), announce) } => {},
             () = &mut stop => {},
+        }
+        stopping.send_replace(true);
+        let saved = futures_util::future::join_all(running.values_mut().map(|task| &mut task.0));
+        if tokio::time::timeout(SAVE_ON_STOP, saved).await.is_err() {
+            tracing::warn!(
+                "webhook deliveries did not save their progress in time; the next instance may repeat some events"
+            );
         }
         running.clear();
         if let Err(err) = self.store.release_endpoints(&self.owner).await {
@@ -127,6 +138,7 @@ impl Deliveries {
         running: &mut HashMap<i64, Running>,
         announcing: &watch::Sender<bool>,
         posting: &Arc<Posting>,
+        stopping: &watch::Receiver<bool>,
     ) {
         let mut every = tokio::time::interval(CLAIM_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,6 +196,7 @@ impl Deliveries {
                     metrics: Arc::clone(&self.metrics),
                     wake: self.bell.listen(),
                     heard: heard.clone(),
+                    stopping: stopping.clone(),
                 };
                 running.insert(endpoint, Running(tokio::spawn(delivery.run()), generation));
             }

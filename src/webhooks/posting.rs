@@ -91,20 +91,32 @@ impl Posting {
         });
         self.runtime
             .spawn(post_turns(connections, target, turns_in, tried_out));
-        Lane { turns, tried }
+        Lane {
+            turns: Some(turns),
+            tried,
+        }
     }
 }
 
 /// One endpoint's way to its posting thread.
 pub(super) struct Lane {
-    turns: mpsc::UnboundedSender<Turn>,
+    /// `None` once closed.
+    turns: Option<mpsc::UnboundedSender<Turn>>,
     tried: mpsc::UnboundedReceiver<Tried>,
 }
 
 impl Lane {
     /// Whether the lane still takes turns (its thread may have ended).
     pub(super) fn post(&self, turn: Turn) -> bool {
-        self.turns.send(turn).is_ok()
+        self.turns
+            .as_ref()
+            .is_some_and(|turns| turns.send(turn).is_ok())
+    }
+
+    /// Takes no more turns: retries still waiting are dropped, and the outcomes of
+    /// requests already sent still come back; then `next` gives `None`.
+    pub(super) fn close(&mut self) {
+        self.turns = None;
     }
 
     /// The next attempt done; `None` when the lane ended.
@@ -135,24 +147,35 @@ async fn post_turns(
     mut turns: mpsc::UnboundedReceiver<Turn>,
     tried: mpsc::UnboundedSender<Tried>,
 ) {
-    let mut steps: FuturesUnordered<BoxFuture<'static, Step>> = FuturesUnordered::new();
+    // Retries waiting for their time, and requests sent awaiting what comes of them.
+    let mut waiting: FuturesUnordered<BoxFuture<'static, Step>> = FuturesUnordered::new();
+    let mut sending: FuturesUnordered<BoxFuture<'static, Step>> = FuturesUnordered::new();
+    let mut open = true;
     loop {
         let step = tokio::select! {
-            turn = turns.recv() => match turn {
-                None => return,
+            turn = turns.recv(), if open => match turn {
+                // Closed: what waits is left for the next start; what was sent is seen
+                // through, so that its outcome can be saved.
+                None => {
+                    open = false;
+                    waiting.clear();
+                    continue;
+                }
                 Some(turn) if turn.2.is_zero() => Step::Due(turn),
                 // A retry waits first; it takes a connection when it goes.
                 Some(turn) => {
-                    steps.push(sleep(turn.2).map(|()| Step::Due(turn)).boxed());
+                    waiting.push(sleep(turn.2).map(|()| Step::Due(turn)).boxed());
                     continue;
                 }
             },
-            Some(step) = steps.next() => step,
+            Some(step) = waiting.next() => step,
+            Some(step) = sending.next() => step,
+            else => return,
         };
         let done = match step {
             Step::Due(turn) => match target.request(&turn.0) {
                 Ok(request) => {
-                    steps.push(send(connections.as_mut(), turn, request, true));
+                    sending.push(send(connections.as_mut(), turn, request, true));
                     continue;
                 }
                 Err(attempt) => (turn, attempt),
@@ -161,7 +184,7 @@ async fn post_turns(
                 if let Some(connections) = connections.as_mut() {
                     connections.one_at_a_time();
                 }
-                steps.push(send(connections.as_mut(), turn, request, false));
+                sending.push(send(connections.as_mut(), turn, request, false));
                 continue;
             }
             Step::Done(turn, attempt) => (turn, attempt),

@@ -16,7 +16,8 @@ use tokio::sync::watch;
 use crate::{
     fixtures::receiver::{Receiver, Reply},
     helpers::{
-        Backend, TestApp, TestDb, plantstore_on, refused, spawn_app_on, succeeded, test_config,
+        Backend, TestApp, TestDb, http_client, plantstore_on, refused, spawn_app_on, succeeded,
+        test_config,
     },
     metrics::scrape,
     on_both_backends,
@@ -31,6 +32,7 @@ on_both_backends!(
     replay_sends_again_from_an_entry_with_the_same_ids,
     prune_keeps_what_an_endpoint_has_not_received,
     two_instances_deliver_each_event_once,
+    a_graceful_stop_leaves_the_next_instance_nothing_to_repeat,
     each_refused_command_is_one_clear_line,
     metrics_show_deliveries_pending_and_lag_per_endpoint,
 );
@@ -499,6 +501,72 @@ async fn two_instances_deliver_each_event_once(backend: Backend) {
     let ids: Vec<String> = receiver.received().into_iter().map(|r| r.id).collect();
     let distinct: HashSet<&String> = ids.iter().collect();
     assert_eq!(ids.len(), distinct.len(), "repeats: {ids:?}");
+}
+
+/// An instance stopped as `docker stop` or a rolling restart stops it saves how far its
+/// deliveries got: nothing is left pending, and the instance taking over sends only what
+/// is new.
+async fn a_graceful_stop_leaves_the_next_instance_nothing_to_repeat(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let db = TestDb::new(backend).await;
+    let mut config = test_config(&db.url);
+    quick_retries(&mut config);
+    let stopping = Application::build(&config).await.expect("the app starts");
+    let first = TestApp {
+        address: format!("http://{}", stopping.address()),
+        admin_address: None,
+        client: http_client(),
+        token: stopping
+            .initial_token()
+            .expect("a fresh database gets an initial token")
+            .to_owned(),
+        db,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let serving = tokio::spawn(stopping.run_until_stopped(async {
+        let _ = stopped.await;
+    }));
+    add_endpoint(&first, &receiver, &[]);
+    let plants: Vec<i64> = (1..=41).collect();
+    first.add_plants(&plants).await;
+    delete_all(&first, 1..=40).await;
+    let expected = logged_ids(&first).await;
+    receiver
+        .wait_for(WITHIN, "every delete", |got| {
+            expected.iter().all(|id| got.iter().any(|r| &r.id == id))
+        })
+        .await;
+
+    let _ = stop.send(());
+    serving
+        .await
+        .expect("the first instance ran")
+        .expect("the first instance stopped cleanly");
+    let endpoint = &endpoints(&first)[0];
+    assert_eq!(endpoint["pending"], 0, "{endpoint}");
+
+    let next = Application::build(&config)
+        .await
+        .expect("the next instance");
+    let next_address = format!("http://{}", next.address());
+    tokio::spawn(next.run_until_stopped(std::future::pending()));
+    let answer = first
+        .client
+        .delete(format!("{next_address}/plants/41"))
+        .bearer_auth(&first.token)
+        .send()
+        .await
+        .expect("an answer");
+    assert_eq!(answer.status(), StatusCode::NO_CONTENT);
+    receiver
+        .wait_for(WITHIN, "the delete made on the next instance", |got| {
+            got.len() > 40
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ids: Vec<String> = receiver.received().into_iter().map(|r| r.id).collect();
+    let distinct: HashSet<&String> = ids.iter().collect();
+    assert_eq!((ids.len(), distinct.len()), (41, 41), "repeats: {ids:?}");
 }
 
 async fn each_refused_command_is_one_clear_line(backend: Backend) {
