@@ -179,6 +179,20 @@ async fn wait_for_series(
     }
 }
 
+/// Waits until the receiver has accepted each of `expected`.
+async fn wait_until_accepted(receiver: &Receiver, expected: &HashSet<String>) {
+    receiver
+        .wait_for(WITHIN, "every delete accepted", |got| {
+            let accepted: HashSet<&str> = got
+                .iter()
+                .filter(|r| r.accepted)
+                .map(|r| r.id.as_str())
+                .collect();
+            expected.iter().all(|id| accepted.contains(id.as_str()))
+        })
+        .await;
+}
+
 fn accepted_ids(receiver: &Receiver) -> Vec<String> {
     receiver.accepted().into_iter().map(|r| r.id).collect()
 }
@@ -202,16 +216,7 @@ async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backe
 
     let expected = logged_ids(&app).await;
     assert_eq!(expected.len(), 40);
-    receiver
-        .wait_for(WITHIN, "every delete accepted", |got| {
-            let accepted: HashSet<&str> = got
-                .iter()
-                .filter(|r| r.accepted)
-                .map(|r| r.id.as_str())
-                .collect();
-            expected.iter().all(|id| accepted.contains(id.as_str()))
-        })
-        .await;
+    wait_until_accepted(&receiver, &expected).await;
 
     let got = receiver.received();
     assert!(got.iter().all(|r| r.verified), "unverified: {got:#?}");
@@ -252,12 +257,7 @@ async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: B
 
     let expected = logged_ids(&app).await;
     assert_eq!(expected.len(), 60);
-    receiver
-        .wait_for(WITHIN, "every delete accepted", |got| {
-            let accepted: HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
-            expected.iter().all(|id| accepted.contains(id.as_str()))
-        })
-        .await;
+    wait_until_accepted(&receiver, &expected).await;
     let endpoint = wait_until_nothing_pending(&app).await;
     assert_eq!(endpoint["state"], "active", "{endpoint}");
     let got = receiver.received();
@@ -492,11 +492,7 @@ async fn two_instances_deliver_each_event_once(backend: Backend) {
         assert_eq!(answer.expect("an answer").status(), StatusCode::NO_CONTENT);
     }
     let expected = logged_ids(&first).await;
-    receiver
-        .wait_for(WITHIN, "every delete", |got| {
-            expected.iter().all(|id| got.iter().any(|r| &r.id == id))
-        })
-        .await;
+    wait_until_accepted(&receiver, &expected).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let ids: Vec<String> = receiver.received().into_iter().map(|r| r.id).collect();
     let distinct: HashSet<&String> = ids.iter().collect();
@@ -531,11 +527,7 @@ async fn a_graceful_stop_leaves_the_next_instance_nothing_to_repeat(backend: Bac
     first.add_plants(&plants).await;
     delete_all(&first, 1..=40).await;
     let expected = logged_ids(&first).await;
-    receiver
-        .wait_for(WITHIN, "every delete", |got| {
-            expected.iter().all(|id| got.iter().any(|r| &r.id == id))
-        })
-        .await;
+    wait_until_accepted(&receiver, &expected).await;
 
     let _ = stop.send(());
     serving
