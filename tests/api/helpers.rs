@@ -1,7 +1,10 @@
 //! Test harness: a fresh database per test, the real app served on a free port, and the
 //! checks every error response must pass.
 
-use std::{future, time::Duration};
+use std::{
+    future::{self, Future},
+    time::Duration,
+};
 
 pub use plantstore::config::AdminListen;
 use plantstore::{
@@ -11,6 +14,7 @@ use plantstore::{
 use reqwest::{Response, StatusCode, header};
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool, SqlitePool};
+use tokio::task::JoinHandle;
 
 /// Where the PostgreSQL tests create their databases; CI sets it, and without it they use
 /// the local server. They never skip: an unreachable server fails them.
@@ -296,6 +300,16 @@ pub async fn spawn_app(backend: Backend) -> TestApp {
 
 /// Serves the app on `db` with settings changed by `tweak`.
 pub async fn spawn_app_on(db: TestDb, tweak: impl FnOnce(&mut Config)) -> TestApp {
+    spawn_app_until(db, tweak, future::pending()).await.0
+}
+
+/// Serves the app on `db` until `stop` resolves, then stops it as SIGTERM would; the
+/// handle ends with what `run_until_stopped` returned.
+pub async fn spawn_app_until(
+    db: TestDb,
+    tweak: impl FnOnce(&mut Config),
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> (TestApp, JoinHandle<std::io::Result<()>>) {
     let mut config = test_config(&db.url);
     tweak(&mut config);
     let app = Application::build(&config).await.expect("the app starts");
@@ -305,14 +319,25 @@ pub async fn spawn_app_on(db: TestDb, tweak: impl FnOnce(&mut Config)) -> TestAp
         .to_owned();
     let address = format!("http://{}", app.address());
     let admin_address = app.admin_address().map(|admin| format!("http://{admin}"));
-    tokio::spawn(app.run_until_stopped(future::pending()));
-    TestApp {
+    let serving = tokio::spawn(app.run_until_stopped(stop));
+    let app = TestApp {
         address,
         admin_address,
         client: http_client(),
         token,
         db,
-    }
+    };
+    (app, serving)
+}
+
+/// Serves one more instance with `config` (another on the same database); its address.
+pub async fn serve_another(config: &Config) -> String {
+    let other = Application::build(config)
+        .await
+        .expect("another instance starts");
+    let address = format!("http://{}", other.address());
+    tokio::spawn(other.run_until_stopped(future::pending()));
+    address
 }
 
 /// A client that gives up rather than letting a test hang on a request that never ends.

@@ -4,11 +4,10 @@
 use std::time::Duration;
 
 use futures::{FutureExt, future::join_all};
-use plantstore::startup::Application;
 use reqwest::{Response, StatusCode};
 
 use crate::{
-    helpers::{Backend, TestDb, assert_error, spawn_app, spawn_app_on, test_config},
+    helpers::{Backend, TestDb, assert_error, serve_another, spawn_app, spawn_app_on, test_config},
     on_both_backends,
 };
 
@@ -137,11 +136,7 @@ async fn a_key_stops_replaying_after_the_ttl(backend: Backend) {
 
 async fn concurrent_duplicates_on_two_instances_delete_once(backend: Backend) {
     let app = spawn_app(backend).await;
-    let second = Application::build(&test_config(&app.db.url))
-        .await
-        .expect("a second instance starts");
-    let second_address = format!("http://{}", second.address());
-    tokio::spawn(second.run_until_stopped(std::future::pending()));
+    let second_address = serve_another(&test_config(&app.db.url)).await;
     let ids: Vec<i64> = (1..=20).collect();
     app.add_plants(&ids).await;
 

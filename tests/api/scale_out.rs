@@ -3,11 +3,11 @@
 
 use std::time::{Duration, Instant};
 
-use plantstore::{auth::tokens, startup::Application};
+use plantstore::auth::tokens;
 use reqwest::StatusCode;
 
 use crate::{
-    helpers::{Backend, assert_error, spawn_app, test_config},
+    helpers::{Backend, assert_error, serve_another, spawn_app, test_config},
     on_both_backends,
 };
 
@@ -19,11 +19,7 @@ async fn a_token_revoked_is_refused_by_every_instance_within_a_second(backend: B
     let first = spawn_app(backend).await;
     let mut addresses = vec![first.address.clone()];
     for _ in 1..INSTANCES {
-        let other = Application::build(&test_config(&first.db.url))
-            .await
-            .expect("another instance starts");
-        addresses.push(format!("http://{}", other.address()));
-        tokio::spawn(other.run_until_stopped(std::future::pending()));
+        addresses.push(serve_another(&test_config(&first.db.url)).await);
     }
     let store = plantstore::database::open(&test_config(&first.db.url))
         .await

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use plantstore::{config::Config, database, startup::Application};
+use plantstore::{config::Config, database};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::sync::watch;
@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use crate::{
     fixtures::receiver::{Receiver, Reply},
     helpers::{
-        Backend, TestApp, TestDb, http_client, plantstore_on, refused, spawn_app_on, succeeded,
-        test_config,
+        Backend, TestApp, TestDb, plantstore_on, refused, serve_another, spawn_app_on,
+        spawn_app_until, succeeded, test_config,
     },
     metrics::scrape,
     on_both_backends,
@@ -464,11 +464,7 @@ async fn two_instances_deliver_each_event_once(backend: Backend) {
     let first = spawn(backend).await;
     let mut config = test_config(&first.db.url);
     quick_retries(&mut config);
-    let other = Application::build(&config)
-        .await
-        .expect("a second instance");
-    let other_address = format!("http://{}", other.address());
-    tokio::spawn(other.run_until_stopped(std::future::pending()));
+    let other_address = serve_another(&config).await;
     add_endpoint(&first, &receiver, &[]);
     // Both instances have claimed (or failed to claim) the lease by now.
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -504,24 +500,13 @@ async fn two_instances_deliver_each_event_once(backend: Backend) {
 /// is new.
 async fn a_graceful_stop_leaves_the_next_instance_nothing_to_repeat(backend: Backend) {
     let receiver = Receiver::start(&[], Reply::Status(204)).await;
-    let db = TestDb::new(backend).await;
-    let mut config = test_config(&db.url);
-    quick_retries(&mut config);
-    let stopping = Application::build(&config).await.expect("the app starts");
-    let first = TestApp {
-        address: format!("http://{}", stopping.address()),
-        admin_address: None,
-        client: http_client(),
-        token: stopping
-            .initial_token()
-            .expect("a fresh database gets an initial token")
-            .to_owned(),
-        db,
-    };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let serving = tokio::spawn(stopping.run_until_stopped(async {
+    let (first, serving) = spawn_app_until(TestDb::new(backend).await, quick_retries, async {
         let _ = stopped.await;
-    }));
+    })
+    .await;
+    let mut config = test_config(&first.db.url);
+    quick_retries(&mut config);
     add_endpoint(&first, &receiver, &[]);
     let plants: Vec<i64> = (1..=41).collect();
     first.add_plants(&plants).await;
@@ -537,11 +522,7 @@ async fn a_graceful_stop_leaves_the_next_instance_nothing_to_repeat(backend: Bac
     let endpoint = &endpoints(&first)[0];
     assert_eq!(endpoint["pending"], 0, "{endpoint}");
 
-    let next = Application::build(&config)
-        .await
-        .expect("the next instance");
-    let next_address = format!("http://{}", next.address());
-    tokio::spawn(next.run_until_stopped(std::future::pending()));
+    let next_address = serve_another(&config).await;
     let answer = first
         .client
         .delete(format!("{next_address}/plants/41"))
