@@ -30,6 +30,32 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
+/// Webhook delivery attempts to one endpoint by result, and the lag of those delivered: held
+/// by the endpoint's delivery, so that an attempt under load costs no labels built and
+/// looked up anew.
+pub struct EndpointMetrics {
+    delivered: Counter,
+    failed: Counter,
+    gone: Counter,
+    lag: Histogram,
+}
+
+impl EndpointMetrics {
+    /// `lag`: the time since the event's commit.
+    pub fn delivered(&self, lag: Duration) {
+        self.delivered.increment(1);
+        self.lag.record(lag.as_secs_f64());
+    }
+
+    pub fn failed(&self) {
+        self.failed.increment(1);
+    }
+
+    pub fn gone(&self) {
+        self.gone.increment(1);
+    }
+}
+
 pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
@@ -160,22 +186,23 @@ impl Metrics {
         self.recorder.register_counter(&key, &METADATA).increment(1);
     }
 
-    /// One webhook delivery attempt; `lag` is the time since the event's commit.
-    pub fn webhook_delivered(&self, endpoint: &str, result: &'static str, lag: Duration) {
+    /// One endpoint's delivery series, registered once for the life of its delivery.
+    pub fn webhook_endpoint(&self, endpoint: &str) -> EndpointMetrics {
         let endpoint = SharedString::from(endpoint.to_owned());
-        let key = Key::from_parts(
-            WEBHOOK_DELIVERIES,
-            vec![
+        let attempts = |result: &'static str| {
+            let labels = vec![
                 Label::new("endpoint", endpoint.clone()),
                 Label::new("result", result),
-            ],
-        );
-        self.recorder.register_counter(&key, &METADATA).increment(1);
-        if result == "delivered" {
-            let key = Key::from_parts(WEBHOOK_LAG, vec![Label::new("endpoint", endpoint)]);
-            self.recorder
-                .register_histogram(&key, &METADATA)
-                .record(lag.as_secs_f64());
+            ];
+            let key = Key::from_parts(WEBHOOK_DELIVERIES, labels);
+            self.recorder.register_counter(&key, &METADATA)
+        };
+        let lag = Key::from_parts(WEBHOOK_LAG, vec![Label::new("endpoint", endpoint.clone())]);
+        EndpointMetrics {
+            delivered: attempts("delivered"),
+            failed: attempts("failed"),
+            gone: attempts("gone"),
+            lag: self.recorder.register_histogram(&lag, &METADATA),
         }
     }
 

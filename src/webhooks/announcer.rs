@@ -40,6 +40,7 @@ pub(super) async fn announce(
                     break;
                 }
             }
+            rung.heard();
             if let Err(err) = announcements.announce().await {
                 tracing::warn!(error = %err, "cannot announce deletion events to the other instances");
             }

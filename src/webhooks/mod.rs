@@ -5,6 +5,7 @@ mod ahead;
 mod announcer;
 mod attempt;
 mod backoff;
+mod bell;
 mod client;
 mod endpoint;
 mod posting;
@@ -20,6 +21,7 @@ use plantstore_store::{Announcements, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
 pub use backoff::Backoff;
+pub use bell::Bell;
 use endpoint::{EndpointDelivery, Stopped};
 use posting::Posting;
 
@@ -52,30 +54,6 @@ pub struct Deliveries {
     bell: Bell,
     /// Between this instance and the others, where the database carries it.
     announcements: Option<Arc<dyn Announcements>>,
-}
-
-/// Rung after each delete this instance commits, so its deliveries read the log at once
-/// rather than at their next poll.
-#[derive(Debug, Clone)]
-pub struct Bell(Arc<watch::Sender<u64>>);
-
-impl Default for Bell {
-    fn default() -> Self {
-        Self(Arc::new(watch::Sender::new(0)))
-    }
-}
-
-impl Bell {
-    /// Nothing on the request path when no endpoint is being delivered to here.
-    pub fn ring(&self) {
-        if self.0.receiver_count() > 0 {
-            self.0.send_modify(|rung| *rung = rung.wrapping_add(1));
-        }
-    }
-
-    fn listen(&self) -> watch::Receiver<u64> {
-        self.0.subscribe()
-    }
 }
 
 impl Deliveries {
