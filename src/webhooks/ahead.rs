@@ -9,7 +9,7 @@ use std::{
 use plantstore_store::{Event, StreamPosition};
 
 /// Events read ahead of the cursor at most.
-pub(super) const WINDOW: usize = 512;
+pub(super) const WINDOW: usize = 2048;
 
 /// An event whose plant's turn it is: its failures so far, and the wait before its next
 /// attempt.

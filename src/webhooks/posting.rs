@@ -78,16 +78,11 @@ impl Posting {
 
     /// A lane for one endpoint's posts: turns in, what each came to out. The lane ends
     /// when the returned `Lane` is dropped.
-    pub(super) fn open(&self, target: Arc<Target>, in_flight: usize) -> Lane {
+    pub(super) fn open(&self, target: Arc<Target>) -> Lane {
         let (turns, turns_in) = mpsc::unbounded_channel();
         let (tried_out, tried) = mpsc::unbounded_channel();
         let connections = target.address().map(|address| {
-            Connections::new(
-                self.connector.clone(),
-                Arc::clone(address),
-                self.timeout,
-                in_flight,
-            )
+            Connections::new(self.connector.clone(), Arc::clone(address), self.timeout)
         });
         self.runtime
             .spawn(post_turns(connections, target, turns_in, tried_out));

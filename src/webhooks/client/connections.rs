@@ -21,7 +21,12 @@ use super::{
 
 /// The most requests one connection carries at once. An answer that is late holds up
 /// those behind it until the timeout, when they are sent again on another connection.
-const DEPTH: usize = 16;
+const DEPTH: usize = 64;
+/// The most connections open at once while requests are pipelined: few, so that each
+/// write, and each wake-up of the receiver, carries many requests.
+const PIPELINED: usize = 8;
+/// The most connections open at once while requests go one per connection.
+const ONE_EACH: usize = 32;
 /// How long requests go one per connection after a connection ended with requests
 /// unanswered: the receiver may not take requests pipelined, or may be slow.
 const ONE_AT_A_TIME: Duration = Duration::from_secs(60);
@@ -37,27 +42,22 @@ pub(in crate::webhooks) struct Connections {
     address: Arc<Address>,
     timeout: Duration,
     open: Vec<Pipe>,
-    /// The most connections open at once.
-    most: usize,
     /// Until when each request goes on a connection of its own.
     one_at_a_time_until: Option<Instant>,
 }
 
 impl Connections {
-    /// Connections to `address`, at most `most` of them, whose requests fail when not
-    /// answered within `timeout`.
+    /// Connections to `address`, whose requests fail when not answered within `timeout`.
     pub(in crate::webhooks) fn new(
         connector: Connector,
         address: Arc<Address>,
         timeout: Duration,
-        most: usize,
     ) -> Self {
         Self {
             connector,
             address,
             timeout,
-            open: Vec::with_capacity(most),
-            most,
+            open: Vec::with_capacity(ONE_EACH),
             one_at_a_time_until: None,
         }
     }
@@ -105,7 +105,8 @@ impl Connections {
         if let Some(index) = joining.or_else(idle) {
             return index;
         }
-        if self.open.len() < self.most {
+        let most = if pipelining { PIPELINED } else { ONE_EACH };
+        if self.open.len() < most {
             self.open.push(self.start());
             return self.open.len() - 1;
         }
