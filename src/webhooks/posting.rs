@@ -167,6 +167,10 @@ async fn post_turns(
             Some(step) = sending.next() => step,
             else => return,
         };
+        // An answer back, or a connection ended: a request held for a connection may go.
+        if let Some(connections) = connections.as_mut() {
+            connections.hand_out();
+        }
         let done = match step {
             Step::Due(turn) => match target.request(&turn.0) {
                 Ok(request) => {

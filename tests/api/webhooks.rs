@@ -250,7 +250,7 @@ async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backe
 async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: Backend) {
     let receiver = Receiver::start(&[], Reply::Closing(204)).await;
     let app = spawn(backend).await;
-    add_endpoint(&app, &receiver, &[]);
+    let id = add_endpoint(&app, &receiver, &[]);
     let plants: Vec<i64> = (1..=60).collect();
     app.add_plants(&plants).await;
     delete_all(&app, plants.iter().copied()).await;
@@ -265,6 +265,13 @@ async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: B
     let ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
     let once: HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(once.len(), ids.len(), "an event came twice: {ids:?}");
+    // Once the receiver was seen to close, the events waiting for a connection of their
+    // own waited for one; none was sent where it could not be answered, and failed.
+    let pending = format!("plantstore_webhook_pending_events{{endpoint=\"{id}\"}}");
+    let failed =
+        format!("plantstore_webhook_deliveries_total{{endpoint=\"{id}\",result=\"failed\"}}");
+    let series = wait_for_series(&app, &pending, |value| value == 0.0).await;
+    assert_eq!(series[&failed], 0.0, "{series:?}");
 }
 
 async fn a_plant_deleted_restored_and_deleted_again_arrives_in_that_order(backend: Backend) {

@@ -3,6 +3,7 @@
 //! once for many events rather than once for each.
 
 use std::{
+    collections::VecDeque,
     sync::{Arc, atomic::Ordering::Relaxed},
     time::Duration,
 };
@@ -25,7 +26,8 @@ const DEPTH: usize = 64;
 /// The most connections open at once while requests are pipelined: few, so that each
 /// write, and each wake-up of the receiver, carries many requests.
 const PIPELINED: usize = 8;
-/// The most connections open at once while requests go one per connection.
+/// The most connections open at once while requests go one per connection; the requests
+/// past them are held until a connection is free.
 const ONE_EACH: usize = 32;
 /// How long requests go one per connection after a connection ended with requests
 /// unanswered: the receiver may not take requests pipelined, or may be slow.
@@ -42,6 +44,8 @@ pub(in crate::webhooks) struct Connections {
     address: Arc<Address>,
     timeout: Duration,
     open: Vec<Pipe>,
+    /// Requests waiting for a connection of their own, in the order they came.
+    held: VecDeque<Outgoing>,
     /// Until when each request goes on a connection of its own.
     one_at_a_time_until: Option<Instant>,
 }
@@ -58,23 +62,44 @@ impl Connections {
             address,
             timeout,
             open: Vec::with_capacity(ONE_EACH),
+            held: VecDeque::new(),
             one_at_a_time_until: None,
         }
     }
 
-    /// Sends `request` on a connection; its answer, or why there is none, comes back on
-    /// the receiver. Must be called inside the runtime new connections run on.
+    /// Sends `request` on a connection, or holds it until one is free (see `hand_out`);
+    /// its answer, or why there is none, comes back on the receiver. Must be called inside
+    /// the runtime new connections run on.
     pub(in crate::webhooks) fn send(&mut self, request: Bytes) -> oneshot::Receiver<Answered> {
         let (answered, answer) = oneshot::channel();
-        let mut outgoing = Outgoing { request, answered };
+        self.held.push_back(Outgoing { request, answered });
+        self.hand_out();
+        answer
+    }
+
+    /// Hands the held requests to connections while one can take them. Called again
+    /// whenever an answer came back, which may have freed a connection.
+    pub(in crate::webhooks) fn hand_out(&mut self) {
+        while let Some(outgoing) = self.held.pop_front() {
+            if let Err(held) = self.hand_over(outgoing) {
+                self.held.push_front(held);
+                return;
+            }
+        }
+    }
+
+    /// Gives `outgoing` to a connection; back when none can take it now.
+    fn hand_over(&mut self, mut outgoing: Outgoing) -> Result<(), Outgoing> {
         loop {
-            let index = self.choose();
+            let Some(index) = self.choose() else {
+                return Err(outgoing);
+            };
             let pipe = &self.open[index];
             // Counted before it is handed over: the connection may answer it at once.
             pipe.counts.outstanding.fetch_add(1, Relaxed);
             pipe.counts.unwritten.fetch_add(1, Relaxed);
             match pipe.requests.send(outgoing) {
-                Ok(()) => return answer,
+                Ok(()) => return Ok(()),
                 // It ended since it was chosen.
                 Err(mpsc::error::SendError(back)) => {
                     self.open.swap_remove(index);
@@ -91,8 +116,9 @@ impl Connections {
     }
 
     /// The connection for the next request: one about to write others, while it has room;
-    /// else an idle one; else a new one; else the least busy.
-    fn choose(&mut self) -> usize {
+    /// else an idle one; else a new one; else, while pipelining, the least busy. `None`
+    /// when requests go one per connection and every connection is busy.
+    fn choose(&mut self) -> Option<usize> {
         self.open.retain(|pipe| !pipe.requests.is_closed());
         let load = |pipe: &Pipe| pipe.counts.outstanding.load(Relaxed);
         let pipelining = self
@@ -103,19 +129,17 @@ impl Connections {
         });
         let idle = || self.open.iter().position(|pipe| load(pipe) == 0);
         if let Some(index) = joining.or_else(idle) {
-            return index;
+            return Some(index);
         }
         let most = if pipelining { PIPELINED } else { ONE_EACH };
         if self.open.len() < most {
             self.open.push(self.start());
-            return self.open.len() - 1;
+            return Some(self.open.len() - 1);
         }
-        (0..self.open.len())
-            .min_by_key(|&index| load(&self.open[index]))
-            .unwrap_or_else(|| {
-                self.open.push(self.start());
-                self.open.len() - 1
-            })
+        if !pipelining {
+            return None;
+        }
+        (0..self.open.len()).min_by_key(|&index| load(&self.open[index]))
     }
 
     fn start(&self) -> Pipe {
