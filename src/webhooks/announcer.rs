@@ -27,9 +27,7 @@ pub(super) async fn announce(
         let mut rung = bell.listen();
         loop {
             tokio::select! {
-                changed = rung.changed() => if changed.is_err() {
-                    return;
-                },
+                () = rung.changed() => {},
                 changed = needed.changed() => {
                     if changed.is_err() {
                         return;

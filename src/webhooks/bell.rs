@@ -62,20 +62,21 @@ pub(super) struct Listener {
 }
 
 impl Listener {
-    /// Resolves at a ring not yet seen; an error once the bell is gone.
-    pub(super) async fn changed(&mut self) -> Result<(), watch::error::RecvError> {
-        self.rings.changed().await
+    /// Resolves at a ring not yet seen.
+    pub(super) async fn changed(&mut self) {
+        // Never an error: the listener keeps the bell, sender and all.
+        let _ = self.rings.changed().await;
     }
 
-    /// Whether the bell rang since it was last heard or seen; a bell gone is left to
-    /// `changed`.
+    /// Whether the bell rang since it was last heard or seen.
     pub(super) fn rang(&self) -> bool {
         self.rings.has_changed().unwrap_or(false)
     }
 
     /// Takes up the rings so far, just before acting on them.
     pub(super) fn heard(&mut self) {
-        // Seen first, then cleared: a ring between the two goes out and is seen later.
+        // Seen first, then cleared: a ring between the two is either seen later or was
+        // for a delete committed before the clear, which the caller's read sees.
         self.rings.mark_unchanged();
         self.shared.unheard.store(false, SeqCst);
     }

@@ -169,11 +169,7 @@ impl EndpointDelivery {
                     Some(tried) => tried,
                     None => return Stopped::LeaseLost,
                 },
-                // An error: the bell is gone with the app; the poll still reads.
-                rung = self.wake.changed(), if Instant::now() >= next_read => {
-                    if rung.is_err() {
-                        sleep(POLL).await;
-                    }
+                () = self.wake.changed(), if !more && Instant::now() >= next_read => {
                     more = true;
                     continue;
                 }
