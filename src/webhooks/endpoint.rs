@@ -11,11 +11,11 @@ use tokio::{
     time::{Instant, sleep, sleep_until},
 };
 
-use super::bell::Listener;
 use super::{
     ahead::{ReadAhead, WINDOW},
     attempt::{Attempt, Target, webhook_id},
     backoff::Backoff,
+    bell::Listener,
     posting::{Lane, Posting, Tried},
 };
 use crate::telemetry::{EndpointMetrics, Metrics};
