@@ -25,7 +25,7 @@ from .machine import machine_info, measure_fsync
 from .procs import PROCS
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
 from .service import Service, trim_log, vm_hwm_mib, wait_ready
-from .webhooks import webhook_run, webhook_table
+from .webhooks import PAIRS, pick_median_pair, webhook_run, webhook_table
 
 MIN_ROWS = 1_000_000
 # Each deleting run gets its own id range. Service hit runs reached 26,000 deletes a second
@@ -111,8 +111,8 @@ def plan_ids(seconds: int) -> Plan:
     raw_span = seconds * RAW_IDS_PER_SECOND
     ids = {b: Ids() for b in BACKENDS}
     hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
-    hooked = {b: ids[b].take(span) for b in BACKENDS}
-    beside = {b: ids[b].take(span) for b in BACKENDS}
+    hooked = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
+    beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
     pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS}
@@ -204,13 +204,13 @@ def service_runs(b: Bench, backend: str, url: str, db) -> None:
 
 
 def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
-                beside: bool = False) -> None:
+                beside: int | None = None) -> None:
     """A fresh service process (so its peak RSS is this run's) under wrk; hits are then checked.
-    `beside`: the hit run just before the webhook run, kept apart as what that run is
-    compared with."""
+    `beside`: the pair (0, 1, ...) whose webhook run this hit run is just before, kept apart
+    as what that run is compared with."""
     db.settle(vacuum=workload == "hits")
-    if beside:
-        lo, hi = b.plan.beside[backend]
+    if beside is not None:
+        lo, hi = b.plan.beside[backend][beside]
         before = count_range(db, lo, hi)
     elif workload == "hits":
         lo, hi = b.plan.hits[backend][conns]
@@ -220,23 +220,25 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
     else:
         lo, hi = NOAUTH_FIRST, 0
     port = free_port()
-    slog = b.work / f"service-{backend}-{workload}-{conns}.log"
+    tag = "" if beside is None else f"-before-webhook-{beside + 1}"
+    slog = b.work / f"service-{backend}-{workload}-{conns}{tag}.log"
     proc = b.svc.start(url, port, slog)
     wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
     cpu_before = cpu.snapshot(proc.pid)
     d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, b.s.seconds, b.tokens[backend],
-                b.work / f"wrk-{backend}-{workload}-{conns}.out")
+                b.work / f"wrk-{backend}-{workload}-{conns}{tag}.out")
     d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
     d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
     code = PROCS.stop(proc)
     d["exit_code"] = code
     d["unexpected"] = unexpected(d, EXPECT[workload])
     d["log_lines"] = trim_log(slog) if not b.s.keep else None
-    if beside:
+    if beside is not None:
         b.R.setdefault("beside", {})[backend] = d
     else:
         b.R["service"][backend][workload][str(conns)] = d
-    name = "hits (just before the webhook run)" if beside else f"{workload:<6}"
+    name = (f"{workload:<6}" if beside is None
+            else f"hits (just before webhook run {beside + 1} of {PAIRS})")
     line = (f"{backend:<8} {name} c={conns:<3} {fmt_rate(d['rps']):>9} req/s  "
             f"p50 {fmt(d['p50_ms'], 3)} ms  p99 {fmt(d['p99_ms'], 3)} ms  "
             f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  "
@@ -260,9 +262,19 @@ def measure_sqlite(b: Bench) -> None:
         f"p99 {fmt(a['p99_ms'], 3)} ms")
     b.note_check("sqlite-raw", a["check"], describe_blocks_check)
     service_runs(b, "sqlite", b.sq.url, b.sq)
-    service_run(b, "sqlite", b.sq.url, b.sq, "hits", 64, beside=True)
-    webhook_run(b, "sqlite", b.sq.url, b.sq)
+    webhook_pairs(b, "sqlite", b.sq.url, b.sq)
     measure_startup(b)
+
+
+def webhook_pairs(b: Bench, backend: str, url: str, db) -> None:
+    """PAIRS times a hit run at 64 connections, then one with an endpoint; the pair whose
+    ratio is the median is the one reported. One pair's ratio swung from 0.72 to 1.07 with
+    the same build within minutes (the disk's and the neighbours' pace drift), so one pair
+    alone can neither show nor rule out a change of a few percent."""
+    for pair in range(PAIRS):
+        service_run(b, backend, url, db, "hits", 64, beside=pair)
+        webhook_run(b, backend, url, db, pair)
+    pick_median_pair(b.R, backend)
 
 
 def measure_startup(b: Bench) -> None:
@@ -293,8 +305,7 @@ def measure_postgres(b: Bench) -> None:
             f"p99 {fmt(a['p99_ms'], 3)} ms  failed: {a['failed']}")
         b.note_check(f"pgbench c={conns}", a["check"], describe_blocks_check)
     service_runs(b, "postgres", b.pg.url, b.pg)
-    service_run(b, "postgres", b.pg.url, b.pg, "hits", 64, beside=True)
-    webhook_run(b, "postgres", b.pg.url, b.pg)
+    webhook_pairs(b, "postgres", b.pg.url, b.pg)
 
 
 def write_report(b: Bench) -> int:

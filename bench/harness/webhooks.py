@@ -19,6 +19,8 @@ from .service import wait_ready
 
 CONNS = 64
 DRAIN_S = 120
+# Hit runs without and with an endpoint, alternated this many times per backend.
+PAIRS = 3
 
 def start_receiver(work: Path, name: str):
     """The anchor's nginx, logging when each POST arrived and its webhook-id. The log is
@@ -53,21 +55,23 @@ def pending(b, url: str) -> int:
     return sum(e["pending"] for e in listed)
 
 
-def webhook_run(b, backend: str, url: str, db) -> None:
-    """Hits at c=64 with one endpoint; the service runs until the endpoint has every event."""
+def webhook_run(b, backend: str, url: str, db, pair: int) -> None:
+    """Hits at c=64 with one endpoint; the service runs until the endpoint has every event.
+    `pair`: which of the backend's PAIRS runs this is; its hit run without an endpoint has
+    just been made."""
     db.settle(vacuum=True)
-    lo, hi = b.plan.hooked[backend]
+    lo, hi = b.plan.hooked[backend][pair]
     before = count_range(db, lo, hi)
-    receiver, rport, access = start_receiver(b.work, backend)
+    receiver, rport, access = start_receiver(b.work, f"{backend}-{pair + 1}")
     added = b.svc.cli(url, "webhooks", "add", f"http://127.0.0.1:{rport}/hooks")
     endpoint = added.split()[3]
     port = free_port()
-    slog = b.work / f"service-{backend}-hits-webhook-{CONNS}.log"
+    slog = b.work / f"service-{backend}-hits-webhook-{CONNS}-{pair + 1}.log"
     proc = b.svc.start(url, port, slog)
     wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
     cpu_before = cpu.snapshot(proc.pid, receiver.pid)
     d = run_wrk(port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
-                b.work / f"wrk-{backend}-hits-webhook-{CONNS}.out")
+                b.work / f"wrk-{backend}-hits-webhook-{CONNS}-{pair + 1}.out")
     d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
     ended = time.time()
     while pending(b, url) > 0 and time.time() - ended < DRAIN_S:
@@ -93,8 +97,10 @@ def webhook_run(b, backend: str, url: str, db) -> None:
     d["lag_p99_s"] = percentile(lags, 99)
     plain = without(b.R, backend)["rps"]
     d["vs_without"] = d["rps"] / plain if plain else None
+    b.R.setdefault("webhook_pairs", {}).setdefault(backend, []).append(
+        {"without": without(b.R, backend), "with": d})
     b.R.setdefault("webhooks", {})[backend] = d
-    log(f"{backend:<8} hits+webhook c={CONNS} {fmt_rate(d['rps']):>9} req/s "
+    log(f"{backend:<8} hits+webhook {pair + 1} of {PAIRS} c={CONNS} {fmt_rate(d['rps']):>9} req/s "
         f"({fmt(d['vs_without'])} of hits without one)  {fmt_rate(d['events_per_s'])} events/s  "
         f"lag p50 {fmt(d['lag_p50_s'], 3)} s  p99 {fmt(d['lag_p99_s'], 3)} s  "
         f"received {d['received']:,} of {d['events']:,}  drained {d['drain_s']:.1f} s after wrk")
@@ -105,10 +111,24 @@ def webhook_run(b, backend: str, url: str, db) -> None:
             f"{fmt(c0.get('service_pct'), 1)}), of it the posting thread "
             f"{fmt(c['posting_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
     d["check"] = v = verify_hits(db, lo, hi, before, d)
-    b.note_check(f"{backend} hits+webhook c={CONNS}", v, describe_hits_check)
+    b.note_check(f"{backend} hits+webhook {pair + 1} c={CONNS}", v, describe_hits_check)
     if d["received"] != d["events"]:
-        b.failures.append(f"{backend} hits+webhook: {d['events'] - d['received']} events "
-                          "never reached the receiver")
+        b.failures.append(f"{backend} hits+webhook {pair + 1}: {d['events'] - d['received']} "
+                          "events never reached the receiver")
+
+
+def pick_median_pair(R: dict, backend: str) -> None:
+    """Reports the backend's pair whose ratio is the median (the worse of the middle two for
+    an even count), with every pair's ratio beside it."""
+    pairs = R["webhook_pairs"][backend]
+    ranked = sorted(pairs, key=lambda p: p["with"]["vs_without"] or 0.0)
+    median = ranked[(len(ranked) - 1) // 2]
+    R["beside"][backend] = median["without"]
+    R["webhooks"][backend] = dict(median["with"],
+                                  pair_ratios=[p["with"]["vs_without"] for p in pairs])
+    log(f"{backend:<8} hits+webhook: ratio of each pair "
+        f"{', '.join(fmt(p['with']['vs_without']) for p in pairs)}; median "
+        f"{fmt(median['with']['vs_without'])}")
 
 
 def without(R: dict, backend: str) -> dict:
@@ -127,14 +147,17 @@ def ceiling(R: dict, plain: float | None) -> float | None:
 
 
 def webhook_table(R: dict) -> str:
-    rows = ["| backend | hits c=64 just before, without an endpoint | with one | ratio | ceiling | events/s | "
-            "lag p50 | lag p99 | received | CPU idle without / with | posting thread | receiver |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    rows = ["| backend | hits c=64 just before, without an endpoint | with one | ratio (median pair) | "
+            "each pair | ceiling | events/s | lag p50 | lag p99 | received | "
+            "CPU idle without / with | posting thread | receiver |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for backend, d in R.get("webhooks", {}).items():
         plain = without(R, backend)["rps"]
         c, c0 = d.get("cpu", {}), without(R, backend).get("cpu", {})
         rows.append(f"| {backend} | {fmt_rate(plain)} | {fmt_rate(d['rps'])} | "
-                    f"{fmt(d['vs_without'])} | {fmt(ceiling(R, plain))} | "
+                    f"{fmt(d['vs_without'])} | "
+                    f"{', '.join(fmt(r) for r in d.get('pair_ratios', [d['vs_without']]))} | "
+                    f"{fmt(ceiling(R, plain))} | "
                     f"{fmt_rate(d['events_per_s'])} | "
                     f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "
                     f"{d['received']:,} of {d['events']:,} | "
