@@ -99,7 +99,6 @@ def webhook_run(b, backend: str, url: str, db, pair: int) -> None:
     d["vs_without"] = d["rps"] / plain if plain else None
     b.R.setdefault("webhook_pairs", {}).setdefault(backend, []).append(
         {"without": without(b.R, backend), "with": d})
-    b.R.setdefault("webhooks", {})[backend] = d
     log(f"{backend:<8} hits+webhook {pair + 1} of {PAIRS} c={CONNS} {fmt_rate(d['rps']):>9} req/s "
         f"({fmt(d['vs_without'])} of hits without one)  {fmt_rate(d['events_per_s'])} events/s  "
         f"lag p50 {fmt(d['lag_p50_s'], 3)} s  p99 {fmt(d['lag_p99_s'], 3)} s  "
@@ -124,10 +123,10 @@ def pick_median_pair(R: dict, backend: str) -> None:
     ranked = sorted(pairs, key=lambda p: p["with"]["vs_without"] or 0.0)
     median = ranked[(len(ranked) - 1) // 2]
     R["beside"][backend] = median["without"]
-    R["webhooks"][backend] = dict(median["with"],
-                                  pair_ratios=[p["with"]["vs_without"] for p in pairs])
+    ratios = [p["with"]["vs_without"] for p in pairs]
+    R.setdefault("webhooks", {})[backend] = dict(median["with"], pair_ratios=ratios)
     log(f"{backend:<8} hits+webhook: ratio of each pair "
-        f"{', '.join(fmt(p['with']['vs_without']) for p in pairs)}; median "
+        f"{', '.join(fmt(r) for r in ratios)}; median "
         f"{fmt(median['with']['vs_without'])}")
 
 
@@ -156,7 +155,7 @@ def webhook_table(R: dict) -> str:
         c, c0 = d.get("cpu", {}), without(R, backend).get("cpu", {})
         rows.append(f"| {backend} | {fmt_rate(plain)} | {fmt_rate(d['rps'])} | "
                     f"{fmt(d['vs_without'])} | "
-                    f"{', '.join(fmt(r) for r in d.get('pair_ratios', [d['vs_without']]))} | "
+                    f"{', '.join(fmt(r) for r in d['pair_ratios'])} | "
                     f"{fmt(ceiling(R, plain))} | "
                     f"{fmt_rate(d['events_per_s'])} | "
                     f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "

@@ -164,12 +164,14 @@ impl EndpointDelivery {
                 return stopped;
             }
             let save_at = progress.save_at();
+            // During the gap the bell is only looked at when it ends; after it, listened to.
+            let in_gap = Instant::now() < next_read;
             let tried = tokio::select! {
                 tried = lane.next(), if in_flight > 0 => match tried {
                     Some(tried) => tried,
                     None => return Stopped::LeaseLost,
                 },
-                () = self.wake.changed(), if !more && Instant::now() >= next_read => {
+                () = self.wake.changed(), if !more && !in_gap => {
                     more = true;
                     continue;
                 }
@@ -185,7 +187,7 @@ impl EndpointDelivery {
                     return self.finish(&mut lane, &counts, &mut ahead, &mut progress).await;
                 }
                 // The gap ended: read if more may be there, or the bell rang during it.
-                () = sleep_until(next_read), if Instant::now() < next_read => {
+                () = sleep_until(next_read), if in_gap => {
                     more = more || self.wake.rang();
                     continue;
                 }

@@ -168,7 +168,7 @@ async fn post_turns(
             else => return,
         };
         // An answer back, or a connection ended: a request held for a connection may go.
-        if let Some(connections) = connections.as_mut() {
+        if let (Step::Done(..), Some(connections)) = (&step, connections.as_mut()) {
             connections.hand_out();
         }
         let done = match step {
