@@ -13,7 +13,7 @@ use crate::{
     http::{self, ClientLimits, Documents, HttpOptions},
     state::AppState,
     telemetry::Metrics,
-    webhooks::{self, Backoff, Bell, Deliveries},
+    webhooks::{self, Backoff, CommitSignal, Deliveries},
 };
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
@@ -54,17 +54,17 @@ impl Application {
             .map(|rate| Arc::new(RateLimiter::new(rate)));
         let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
-        let bell = Bell::default();
+        let signal = CommitSignal::default();
         let deliveries = deliveries(
             config,
             Arc::clone(&store),
             Arc::clone(&metrics),
-            bell.clone(),
+            signal.clone(),
             address,
         )?;
         let mut state =
             AppState::new(store, rate_limiter, config.serve.request_timeout, metrics).with_jwt(jwt);
-        state.deleted_bell = bell;
+        state.commit_signal = signal;
         Ok(Self {
             acceptor,
             address,
@@ -170,12 +170,12 @@ impl Application {
     }
 }
 
-/// Webhook delivery as the settings say, ringing with this instance's deletes.
+/// Webhook delivery as the settings say, woken by this instance's deletes.
 fn deliveries(
     config: &Config,
     store: Arc<dyn plantstore_store::Store>,
     metrics: Arc<Metrics>,
-    bell: Bell,
+    signal: CommitSignal,
     address: SocketAddr,
 ) -> anyhow::Result<Deliveries> {
     let settings = &config.serve.webhooks;
@@ -199,7 +199,7 @@ fn deliveries(
             },
         },
         metrics,
-        bell,
+        signal,
         lease_owner(address),
     ))
 }

@@ -13,7 +13,7 @@ use plantstore_store::Store;
 use crate::{
     auth::{TokenCache, jwt::JwtVerifier, rate_limit::RateLimiter},
     telemetry::Metrics,
-    webhooks::Bell,
+    webhooks::CommitSignal,
 };
 
 #[derive(Clone)]
@@ -27,8 +27,8 @@ pub struct AppState {
     /// JWTs from an identity provider, when the settings name one.
     pub jwt: Option<Arc<JwtVerifier>>,
     pub draining: Draining,
-    /// Rung after each committed delete, for this instance's webhook deliveries.
-    pub deleted_bell: Bell,
+    /// Raised after each committed delete, for this instance's webhook deliveries.
+    pub commit_signal: CommitSignal,
 }
 
 /// Set once a shutdown is asked for: the instance still serves, but tells load balancers
@@ -62,7 +62,7 @@ impl AppState {
             metrics,
             jwt: None,
             draining: Draining::default(),
-            deleted_bell: Bell::default(),
+            commit_signal: CommitSignal::default(),
         }
     }
 

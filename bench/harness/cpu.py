@@ -54,7 +54,7 @@ def snapshot(service: int | None = None, receiver: int | None = None) -> dict:
 
 def shares(before: dict, after: dict) -> dict:
     """Percent of the machine's CPU between two snapshots: idle, the service, its webhook
-    posting thread, the receiver."""
+    sending thread, the receiver."""
     total = after["total"] - before["total"]
     if total <= 0:
         return {}
@@ -63,7 +63,7 @@ def shares(before: dict, after: dict) -> dict:
     return {
         "idle_pct": pct(after["idle"] - before["idle"]),
         "service_pct": pct(sum(threads.values())),
-        "posting_pct": pct(threads.get("webhook-posts", 0)),
+        "posting_pct": pct(threads.get("webhook-sending", 0)),
         "receiver_pct": pct(after["receiver"] - before["receiver"]),
         "cores": os.cpu_count(),
     }

@@ -107,7 +107,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int) -> None:
     if c:
         log(f"  CPU, % of the machine during wrk: idle {fmt(c['idle_pct'], 1)} (without an endpoint "
             f"{fmt(c0.get('idle_pct'), 1)}), service {fmt(c['service_pct'], 1)} (without "
-            f"{fmt(c0.get('service_pct'), 1)}), of it the posting thread "
+            f"{fmt(c0.get('service_pct'), 1)}), of it the sending thread "
             f"{fmt(c['posting_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
     d["check"] = v = verify_hits(db, lo, hi, before, d)
     b.note_check(f"{backend} hits+webhook {pair + 1} c={CONNS}", v, describe_hits_check)
@@ -148,7 +148,7 @@ def ceiling(R: dict, plain: float | None) -> float | None:
 def webhook_table(R: dict) -> str:
     rows = ["| backend | hits c=64 just before, without an endpoint | with one | ratio (median pair) | "
             "each pair | ceiling | events/s | lag p50 | lag p99 | received | "
-            "CPU idle without / with | posting thread | receiver |",
+            "CPU idle without / with | sending thread | receiver |",
             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for backend, d in R.get("webhooks", {}).items():
         plain = without(R, backend)["rps"]

@@ -1,10 +1,10 @@
-//! `plantstore webhooks add | list | remove | enable | replay`: the endpoints deletion
-//! events are delivered to.
+//! `plantstore webhooks add | list | remove | enable | replay | rotate-secret`: the
+//! endpoints deletion events are delivered to.
 
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
-use plantstore_store::{EndpointRecord, EventKind, ReplayOutcome, Store, StoreError};
+use plantstore_store::{EndpointRecord, EventKind, NewEndpoint, ReplayOutcome, Store, StoreError};
 
 use super::output::out;
 use crate::webhooks::signature::new_secret;
@@ -21,6 +21,10 @@ pub enum WebhooksCommand {
         /// A comma list of plant.deleted and plant.restored
         #[arg(long, default_value = "plant.deleted,plant.restored")]
         events: String,
+        /// Speak HTTP/2 from the first byte to a plain-http receiver that serves it (https
+        /// receivers are asked by ALPN, without this)
+        #[arg(long)]
+        http2: bool,
     },
     /// Show each endpoint: state, the last deletion log id delivered, pending events, the
     /// last error and the next attempt
@@ -43,16 +47,30 @@ pub enum WebhooksCommand {
         #[arg(long = "from", value_name = "DELETION_ID")]
         from: i64,
     },
+    /// Give an endpoint a new signing secret, printed once, alone on the last line; during
+    /// the overlap each request is signed with the old secret too
+    RotateSecret {
+        id: i64,
+        /// How long the old secret still signs, such as 24h or 30m; 0s ends it at once
+        #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+        overlap: std::time::Duration,
+    },
 }
 
 /// Runs one command against an open store; the caller closes it.
 pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::Result<()> {
     match command {
-        WebhooksCommand::Add { url, events } => {
+        WebhooksCommand::Add { url, events, http2 } => {
             let url = endpoint_url(&url)?;
             let events = event_list(&events)?;
             let secret = new_secret();
-            let id = match store.add_endpoint(&url, &events, &secret).await {
+            let endpoint = NewEndpoint {
+                url: url.clone(),
+                events: events.clone(),
+                secret: secret.clone(),
+                http2,
+            };
+            let id = match store.add_endpoint(&endpoint).await {
                 Err(StoreError::Duplicate) => {
                     bail!("an endpoint with the URL {url} exists already")
                 }
@@ -94,6 +112,22 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
                 "no deletion log entry has id {from} (or, on PostgreSQL, it was logged before deletion events existed)"
             ),
         },
+        WebhooksCommand::RotateSecret { id, overlap } => {
+            let secret = new_secret();
+            let until = store
+                .rotate_secret(id, &secret, overlap)
+                .await
+                .map_err(|err| no_such(err, id))?;
+            if overlap.is_zero() {
+                out!("webhook endpoint {id} signs with its new secret alone from now on:");
+            } else {
+                out!(
+                    "webhook endpoint {id} signs with its new and its old secret until {}; the new secret, shown only this once:",
+                    time(until)
+                );
+            }
+            out!("{secret}");
+        }
     }
     Ok(())
 }
@@ -154,11 +188,21 @@ struct JsonEndpoint<'a> {
     url: &'a str,
     events: Vec<&'a str>,
     state: &'a str,
+    http2: bool,
+    /// While the old secret still signs, until when.
+    previous_secret_until: Option<String>,
     delivered_through: Option<i64>,
     pending: i64,
     last_error: Option<&'a str>,
     next_attempt_at: Option<String>,
     created_at: String,
+}
+
+/// When the old secret stops signing, while it still does.
+fn overlap_ends(endpoint: &EndpointRecord) -> Option<DateTime<Utc>> {
+    endpoint
+        .previous_secret_until
+        .filter(|until| *until > Utc::now())
 }
 
 fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
@@ -169,6 +213,8 @@ fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
             url: &e.url,
             events: e.events.split(',').collect(),
             state: &e.state,
+            http2: e.http2,
+            previous_secret_until: overlap_ends(e).map(time),
             delivered_through: e.delivered_through,
             pending: e.pending,
             last_error: e.last_error.as_deref(),
@@ -181,24 +227,31 @@ fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
 
 fn print_table(endpoints: &[EndpointRecord]) {
     out!(
-        "{:<6} {:<9} {:<10} {:<8} {:<20} {:<40} LAST ERROR",
+        "{:<6} {:<9} {:<10} {:<8} {:<20} {:<20} {:<40} LAST ERROR",
         "ID",
         "STATE",
         "DELIVERED",
         "PENDING",
         "NEXT ATTEMPT",
+        "OLD SECRET UNTIL",
         "URL"
     );
     for e in endpoints {
+        let url = if e.http2 {
+            format!("{} (HTTP/2)", e.url)
+        } else {
+            e.url.clone()
+        };
         out!(
-            "{:<6} {:<9} {:<10} {:<8} {:<20} {:<40} {}",
+            "{:<6} {:<9} {:<10} {:<8} {:<20} {:<20} {:<40} {}",
             e.id,
             e.state,
             e.delivered_through
                 .map_or("-".to_owned(), |id| id.to_string()),
             e.pending,
             e.next_attempt_at.map_or("-".to_owned(), time),
-            e.url,
+            overlap_ends(e).map_or("-".to_owned(), time),
+            url,
             e.last_error.as_deref().unwrap_or("-"),
         );
     }

@@ -6,25 +6,25 @@ use std::{sync::Arc, time::Duration};
 use plantstore_store::Announcements;
 use tokio::sync::watch;
 
-use super::Bell;
+use super::CommitSignal;
 
 /// The shortest time between two announcements: under load one goes out for many deletes,
 /// each a transaction of its own.
 const GAP: Duration = Duration::from_millis(50);
 
-/// Announces the deletes the bell rings for, while `needed` says some active endpoint is
-/// delivered by another instance; while it does not, the bell costs the request path
+/// Announces the deletes the commit signal is raised for, while `needed` says some active endpoint is
+/// delivered by another instance; while it does not, the signal costs the request path
 /// nothing.
 pub(super) async fn announce(
     announcements: Arc<dyn Announcements>,
-    bell: Bell,
+    signal: CommitSignal,
     mut needed: watch::Receiver<bool>,
 ) {
     loop {
         if needed.wait_for(|needed| *needed).await.is_err() {
             return;
         }
-        let mut rung = bell.listen();
+        let mut rung = signal.listen();
         loop {
             tokio::select! {
                 () = rung.changed() => {},

@@ -1,17 +1,25 @@
-//! One delivery attempt: the event's body, its signed headers, one POST and what came of it.
+//! One delivery attempt: the event's body, its signed headers, one POST with the endpoint's
+//! HTTP client, and what came of it.
 
-use std::{sync::Arc, time::Duration};
+use std::time::Duration;
 
-use bytes::Bytes;
 use chrono::{DateTime, SecondsFormat, Utc};
-use http::StatusCode;
 use plantstore_store::{Event, EventKind};
+use reqwest::{
+    Client, StatusCode, Url,
+    header::{self, HeaderMap, HeaderValue},
+};
 use serde_json::value::RawValue;
 
-use super::{
-    client::{self, Address, Answered, NoAnswer},
-    signature::Key,
-};
+use super::signature::Signer;
+
+/// The most of an answer's body read: enough to keep the connection for the next request
+/// after a receiver's usual short reply, and no more of a long one (its connection is
+/// closed instead).
+const BODY_READ: usize = 64 * 1024;
+/// How long an unused connection to a receiver is kept: receivers close theirs after a few
+/// seconds (Node.js after 5, gunicorn after 2), and a request sent as one closes fails.
+const IDLE: Duration = Duration::from_secs(2);
 
 /// What one POST came to.
 #[derive(Debug)]
@@ -29,75 +37,177 @@ pub(super) enum Attempt {
 
 impl Attempt {
     /// A failure the receiver gave no advice on.
-    fn failed(error: String) -> Self {
+    fn failed(error: impl Into<String>) -> Self {
         Attempt::Failed {
-            error,
+            error: error.into(),
             retry_after: None,
         }
     }
+}
 
-    /// What an answer, or the lack of one, means for the event.
-    pub(super) fn of(answered: Answered) -> Self {
-        match answered {
-            Err(NoAnswer::Failed(error) | NoAnswer::Unanswered(error)) => Attempt::failed(error),
-            Ok(answer) if answer.status.is_success() => Attempt::Delivered,
-            Ok(answer) if answer.status == StatusCode::GONE => Attempt::Gone,
-            Ok(answer) => Attempt::Failed {
-                error: format!("the receiver answered {}", answer.status),
-                retry_after: answer.retry_after,
+/// Where one endpoint's events go: its URL taken apart once, and an HTTP client of its own
+/// whose keep-alive connections carry its events.
+pub(super) struct Destination {
+    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
+    target: Result<Target, String>,
+}
+
+struct Target {
+    client: Client,
+    /// Without credentials: those go in `authorization`.
+    url: Url,
+    authorization: Option<HeaderValue>,
+}
+
+impl Destination {
+    /// Each attempt, connecting included, gives up after `timeout`. `http2`: HTTP/2 with
+    /// prior knowledge (on https, ALPN chooses HTTP/2 where the receiver offers it).
+    pub(super) fn new(url: &str, http2: bool, timeout: Duration) -> Self {
+        Self {
+            target: Target::new(url, http2, timeout),
+        }
+    }
+
+    /// Signs and POSTs `event`. No redirect is followed: a receiver moved is a failure an
+    /// operator should see, not a place to send signed events to unasked. Neither the URL
+    /// nor its credentials appear in what comes back.
+    pub(super) async fn post(&self, signer: &Signer, event: &Event) -> Attempt {
+        let target = match &self.target {
+            Ok(target) => target,
+            Err(error) => return Attempt::failed(error.clone()),
+        };
+        let id = webhook_id(event);
+        let body = body(event);
+        let timestamp = Utc::now().timestamp();
+        let signature = match signer.header(&id, timestamp, body.as_bytes()) {
+            Ok(signature) => signature,
+            Err(error) => return Attempt::failed(error),
+        };
+        let mut request = target
+            .client
+            .post(target.url.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", timestamp)
+            .header("webhook-signature", signature)
+            .body(body);
+        if let Some(authorization) = &target.authorization {
+            request = request.header(header::AUTHORIZATION, authorization.clone());
+        }
+        let mut response = match request.send().await {
+            Ok(response) => response,
+            Err(err) => return Attempt::failed(describe(err)),
+        };
+        let status = response.status();
+        let retry_after = retry_after(response.headers(), Utc::now());
+        // The answer is its status: the body is read only so that the connection can
+        // carry the next request, and a body that fails or runs long just closes it.
+        let mut read = 0;
+        while read <= BODY_READ {
+            match response.chunk().await {
+                Ok(Some(chunk)) => read += chunk.len(),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        match status {
+            status if status.is_success() => Attempt::Delivered,
+            StatusCode::GONE => Attempt::Gone,
+            status => Attempt::Failed {
+                error: format!("the receiver answered {status}"),
+                retry_after,
             },
         }
     }
 }
 
-/// Where one endpoint's events go: its URL taken apart once for all of its attempts
-/// (parsing it for each showed in the delivery's profile), and its secret.
-pub(super) struct Target {
-    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
-    address: Result<Arc<Address>, String>,
-    /// `None` when the stored secret is not `whsec_` and base64.
-    key: Option<Key>,
+impl Target {
+    fn new(text: &str, http2: bool, timeout: Duration) -> Result<Self, String> {
+        let unusable = |what: &str| format!("the endpoint's stored URL cannot be used: {what}");
+        let mut url = Url::parse(text).map_err(|err| unusable(&err.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(unusable("not http or https with a host"));
+        }
+        let authorization = basic_authorization(&url);
+        // Cannot fail for an http(s) URL with a host.
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        url.set_fragment(None);
+        // HTTP(S)_PROXY and NO_PROXY are read from the environment, as for the JWKS.
+        let mut client = Client::builder()
+            .user_agent(USER_AGENT)
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .pool_idle_timeout(IDLE);
+        if http2 {
+            client = client.http2_prior_knowledge();
+        }
+        let client = client
+            .build()
+            .map_err(|err| format!("cannot make an HTTP client: {}", describe(err)))?;
+        Ok(Self {
+            client,
+            url,
+            authorization,
+        })
+    }
 }
 
-impl Target {
-    pub(super) fn new(url: &str, secret: &str) -> Self {
-        Self {
-            address: Address::parse(url).map(Arc::new),
-            key: Key::of(secret),
-        }
+/// Credentials in the URL, sent as Basic, as browsers and curl send them.
+fn basic_authorization(url: &Url) -> Option<HeaderValue> {
+    use base64::Engine as _;
+    if url.username().is_empty() && url.password().is_none() {
+        return None;
     }
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let pair = format!(
+        "{}:{}",
+        decode(url.username()),
+        decode(url.password().unwrap_or_default())
+    );
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = HeaderValue::try_from(format!("Basic {encoded}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
+}
 
-    pub(super) fn address(&self) -> Option<&Arc<Address>> {
-        self.address.as_ref().ok()
-    }
-
-    /// The signed POST of `event`, or the failed attempt when none can be made. No
-    /// redirects are followed (nothing here follows them): a receiver moved is a failure
-    /// an operator should see, not a place to send signed events to unasked.
-    pub(super) fn request(&self, event: &Event) -> Result<Bytes, Attempt> {
-        let address = self
-            .address
-            .as_ref()
-            .map_err(|error| Attempt::failed(error.clone()))?;
-        let id = webhook_id(event);
-        let body = body(event);
-        let Some(key) = &self.key else {
-            let error = "the endpoint's stored secret is not whsec_ and base64";
-            return Err(Attempt::failed(error.into()));
+/// A failed request in a line an operator can act on, without the URL (it may hold a
+/// query or credentials).
+fn describe(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    if err.is_timeout() {
+        return if err.is_connect() {
+            "cannot connect within the timeout".into()
+        } else {
+            "no answer within the timeout".into()
         };
-        let timestamp = Utc::now().timestamp();
-        let signature = key.sign(&id, timestamp, body.as_bytes());
-        let timestamp = timestamp.to_string();
-        let headers = [
-            ("content-type", "application/json"),
-            ("user-agent", USER_AGENT),
-            ("webhook-id", &id),
-            ("webhook-timestamp", &timestamp),
-            ("webhook-signature", &signature),
-        ];
-        // ASCII by construction; were one not, no unsigned request goes out.
-        client::request(address, &headers, body.as_bytes()).map_err(Attempt::failed)
     }
+    // reqwest's own line is general ("error sending request"); the cause is at the end
+    // of its chain ("Connection refused (os error 111)").
+    let mut line = err.to_string();
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        line.push_str(": ");
+        line.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    line
+}
+
+/// `Retry-After` in seconds or as an HTTP date, as a wait from `now`.
+fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
+    let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    // The IMF-fixdate servers send ("Sun, 06 Nov 1994 08:49:37 GMT") is RFC 2822's form.
+    let at = DateTime::parse_from_rfc2822(text).ok()?;
+    Some((at.with_timezone(&Utc) - now).to_std().unwrap_or_default())
 }
 
 const USER_AGENT: &str = concat!("plantstore/", env!("CARGO_PKG_VERSION"));
@@ -158,4 +268,55 @@ pub(super) fn body(event: &Event) -> String {
 
 fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_leave_the_url_for_a_basic_header() {
+        let target = Target::new(
+            "https://user:p%40ss@hooks.example:8443/in?x=1#frag",
+            false,
+            Duration::from_secs(1),
+        )
+        .expect("a usable URL");
+        assert_eq!(target.url.as_str(), "https://hooks.example:8443/in?x=1");
+        // base64 of "user:p@ss"
+        assert_eq!(
+            target.authorization.expect("credentials"),
+            "Basic dXNlcjpwQHNz"
+        );
+    }
+
+    #[test]
+    fn an_unusable_url_is_explained_without_the_url() {
+        let err = Target::new("ftp://secret@example.com/x", false, Duration::from_secs(1))
+            .err()
+            .expect("ftp refused");
+        assert!(
+            err.contains("not http or https") && !err.contains("secret"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn retry_after_is_read_in_seconds_and_as_a_date() {
+        let now = DateTime::parse_from_rfc3339("2026-11-25T10:00:00Z")
+            .expect("a time")
+            .with_timezone(&Utc);
+        let after = |value: &'static str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::RETRY_AFTER, HeaderValue::from_static(value));
+            retry_after(&headers, now)
+        };
+        assert_eq!(after("120"), Some(Duration::from_secs(120)));
+        assert_eq!(
+            after("Wed, 25 Nov 2026 10:01:30 GMT"),
+            Some(Duration::from_secs(90))
+        );
+        assert_eq!(after("Wed, 25 Nov 2026 09:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(after("soon"), None);
+    }
 }

@@ -1,38 +1,39 @@
 //! Delivery to one endpoint while this instance holds its lease: when to read the log,
-//! attempts started as their plants' turns come, each outcome settled, and the cursor
-//! saved.
+//! each plant's next event sent once the one before it is delivered, each outcome
+//! settled, and the cursor saved.
 
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{DeliveryReport, Lease, Store, StreamPosition};
+use plantstore_store::{DeliveryReport, Lease, Signing, Store, StreamPosition};
 use tokio::{
     sync::watch,
     time::{Instant, sleep, sleep_until},
 };
 
 use super::{
-    ahead::{ReadAhead, WINDOW},
-    attempt::{Attempt, Target, webhook_id},
+    attempt::{Attempt, Destination, webhook_id},
     backoff::Backoff,
-    bell::Listener,
-    posting::{Lane, Posting, Tried},
+    commit_signal::SignalListener,
+    pending::{PendingEvents, WINDOW},
+    sending::{Lane, Outcome, SendingThread},
 };
 use crate::telemetry::{EndpointMetrics, Metrics};
 
-/// Plants whose events are being posted at once: enough to cover the round trip to the
-/// receiver while the request threads hold the CPU (with 32, delivery fell behind the
-/// deletes in some bench runs, and each round trip carried fewer events for its wake-ups).
-const IN_FLIGHT: usize = 256;
+/// Requests in flight to one endpoint at most, each for another plant: over HTTP/1.1 each
+/// holds a connection of its own (requests are never pipelined), over HTTP/2 a stream.
+/// Enough to cover the round trip to a receiver on the same machine under load, few
+/// enough not to swamp one that serves a request at a time per connection.
+const IN_FLIGHT: usize = 64;
 /// How often the log is read when no delete of this instance rang: for the deletes of
 /// other instances and processes.
 const POLL: Duration = Duration::from_millis(500);
 /// The same while their commits are announced (PostgreSQL): for an announcement lost, and
 /// for events held back by a transaction that was still running when they were announced.
 const POLL_HEARING: Duration = Duration::from_secs(2);
-/// The shortest time between two reads that found the log's end: under load the bell rings
-/// with every delete, and a read per ring would cost a query per event. The bell is not
-/// listened to during the gap, only looked at when it ends: woken by each ring, the loop
+/// The shortest time between two reads that found the log's end: under load the commit
+/// signal is raised with every delete, and a read per signal would cost a query per event.
+/// It is not listened to during the gap, only looked at when it ends: woken by each, the loop
 /// went round about 12,000 times a second under load, each time on a request thread
 /// (bench/RESULTS.md).
 const READ_GAP: Duration = Duration::from_millis(20);
@@ -77,7 +78,7 @@ impl Progress {
     }
 
     /// Moves the cursor over the events delivered in stream order.
-    fn advance(&mut self, ahead: &mut ReadAhead) {
+    fn advance(&mut self, ahead: &mut PendingEvents) {
         if let Some((position, entry)) = ahead.take_done() {
             self.cursor = position;
             self.delivered_through = Some(entry);
@@ -108,10 +109,14 @@ pub(super) struct EndpointDelivery {
     pub(super) store: Arc<dyn Store>,
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
-    pub(super) posting: Arc<Posting>,
+    pub(super) sending: Arc<SendingThread>,
+    /// Each attempt's limit, connecting included.
+    pub(super) timeout: Duration,
+    /// The endpoint's secrets as the lease now has them (a rotation changes them).
+    pub(super) signing: watch::Receiver<Signing>,
     pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) wake: Listener,
+    pub(super) wake: SignalListener,
     /// Changes when another process announces events, where the database carries that.
     pub(super) heard: Option<watch::Receiver<u64>>,
     /// Turns true when this instance stops.
@@ -124,18 +129,18 @@ impl EndpointDelivery {
         let counts = self
             .metrics
             .webhook_endpoint(&self.lease.endpoint.to_string());
-        let target = Arc::new(Target::new(&self.lease.url, &self.lease.secret));
+        let destination = Destination::new(&self.lease.url, self.lease.http2, self.timeout);
         let poll = if self.heard.is_some() {
             POLL_HEARING
         } else {
             POLL
         };
-        let mut ahead = ReadAhead::new(self.lease.cursor);
+        let mut ahead = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
-        let mut lane = self.posting.open(target);
+        let mut lane = self.sending.open(destination, self.signing.clone());
         let mut in_flight = 0;
         // Whether the log may hold more than was read: false after a read came back short,
-        // until the bell, an announcement or the poll says there may be new events.
+        // until the commit signal, an announcement or the poll says there may be new events.
         let mut more = true;
         let mut next_read = Instant::now();
         loop {
@@ -147,11 +152,11 @@ impl EndpointDelivery {
                 }
             }
             while in_flight < IN_FLIGHT {
-                let Some(turn) = ahead.next_turn() else {
+                let Some(dispatch) = ahead.next_dispatch() else {
                     break;
                 };
-                if !lane.post(turn) {
-                    // The posting thread is gone: start over from the saved cursor.
+                if !lane.send(dispatch) {
+                    // The sending thread is gone: start over from the saved cursor.
                     return Stopped::LeaseLost;
                 }
                 in_flight += 1;
@@ -164,11 +169,11 @@ impl EndpointDelivery {
                 return stopped;
             }
             let save_at = progress.save_at();
-            // During the gap the bell is only looked at when it ends; after it, listened to.
+            // During the gap the signal is only looked at when it ends; after it, listened to.
             let in_gap = Instant::now() < next_read;
-            let tried = tokio::select! {
-                tried = lane.next(), if in_flight > 0 => match tried {
-                    Some(tried) => tried,
+            let outcome = tokio::select! {
+                outcome = lane.next(), if in_flight > 0 => match outcome {
+                    Some(outcome) => outcome,
                     None => return Stopped::LeaseLost,
                 },
                 () = self.wake.changed(), if !more && !in_gap => {
@@ -186,9 +191,9 @@ impl EndpointDelivery {
                 () = stopped(&mut self.stopping) => {
                     return self.finish(&mut lane, &counts, &mut ahead, &mut progress).await;
                 }
-                // The gap ended: read if more may be there, or the bell rang during it.
+                // The gap ended: read if more may be there, or the signal came during it.
                 () = sleep_until(next_read), if in_gap => {
-                    more = more || self.wake.rang();
+                    more = more || self.wake.was_raised();
                     continue;
                 }
                 () = sleep_until(save_at.unwrap_or_else(Instant::now)), if save_at.is_some() => continue,
@@ -199,10 +204,12 @@ impl EndpointDelivery {
             };
             // Every outcome already back is settled before the loop goes round again: a
             // round per event cost the request threads timers and wake-ups under load.
-            let mut next = Some(tried);
-            while let Some(tried) = next {
+            let mut next = Some(outcome);
+            while let Some(outcome) = next {
                 in_flight -= 1;
-                if let Some(stopped) = self.settle(tried, &counts, &mut ahead, &mut progress).await
+                if let Some(stopped) = self
+                    .settle(outcome, &counts, &mut ahead, &mut progress)
+                    .await
                 {
                     return stopped;
                 }
@@ -219,13 +226,13 @@ impl EndpointDelivery {
         &self,
         lane: &mut Lane,
         counts: &EndpointMetrics,
-        ahead: &mut ReadAhead,
+        ahead: &mut PendingEvents,
         progress: &mut Progress,
     ) -> Stopped {
         lane.close();
         let until = Instant::now() + ANSWERS_ON_STOP;
-        while let Ok(Some(tried)) = tokio::time::timeout_at(until, lane.next()).await {
-            if let Some(stopped) = self.settle(tried, counts, ahead, progress).await {
+        while let Ok(Some(outcome)) = tokio::time::timeout_at(until, lane.next()).await {
+            if let Some(stopped) = self.settle(outcome, counts, ahead, progress).await {
                 return stopped;
             }
         }
@@ -239,7 +246,7 @@ impl EndpointDelivery {
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
-    async fn read(&self, ahead: &mut ReadAhead) -> bool {
+    async fn read(&self, ahead: &mut PendingEvents) -> bool {
         let room = ahead.room();
         match self.store.read_events(ahead.read_to(), room as i64).await {
             Ok(events) => {
@@ -278,20 +285,20 @@ impl EndpointDelivery {
         }
     }
 
-    /// What an attempt came to: the plant's next turn, a retry, or (after a 410) the end.
+    /// What an attempt came to: the plant's next event, a retry, or (after a 410) the end.
     async fn settle(
         &self,
-        tried: Tried,
+        outcome: Outcome,
         counts: &EndpointMetrics,
-        ahead: &mut ReadAhead,
+        ahead: &mut PendingEvents,
         progress: &mut Progress,
     ) -> Option<Stopped> {
-        let Tried {
+        let Outcome {
             event,
             failures,
             attempt,
             lag,
-        } = tried;
+        } = outcome;
         match attempt {
             Attempt::Delivered => {
                 counts.delivered(lag);

@@ -1,14 +1,13 @@
 //! Deletion events delivered to webhook endpoints: which endpoints this instance delivers
 //! to (a lease each, renewed while it runs), started and stopped as leases come and go.
 
-mod ahead;
 mod announcer;
 mod attempt;
 mod backoff;
-mod bell;
-mod client;
+mod commit_signal;
 mod endpoint;
-mod posting;
+mod pending;
+mod sending;
 pub mod signature;
 
 use std::{
@@ -17,13 +16,13 @@ use std::{
     time::Duration,
 };
 
-use plantstore_store::{Announcements, Store};
+use plantstore_store::{Announcements, Lease, Signing, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
 pub use backoff::Backoff;
-pub use bell::Bell;
+pub use commit_signal::CommitSignal;
 use endpoint::{EndpointDelivery, Stopped};
-use posting::Posting;
+use sending::SendingThread;
 
 use crate::telemetry::Metrics;
 
@@ -51,7 +50,7 @@ pub struct Deliveries {
     /// This instance's name in the leases: its host and address, so that the same instance
     /// started again after a crash takes its leases back at once.
     owner: Arc<str>,
-    bell: Bell,
+    signal: CommitSignal,
     /// Between this instance and the others, where the database carries it.
     announcements: Option<Arc<dyn Announcements>>,
 }
@@ -61,7 +60,7 @@ impl Deliveries {
         store: Arc<dyn Store>,
         settings: Settings,
         metrics: Arc<Metrics>,
-        bell: Bell,
+        signal: CommitSignal,
         owner: String,
     ) -> Self {
         Self {
@@ -70,7 +69,7 @@ impl Deliveries {
             settings,
             metrics,
             owner: owner.into(),
-            bell,
+            signal,
         }
     }
 
@@ -80,23 +79,24 @@ impl Deliveries {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
         let (stopping, stopping_seen) = watch::channel(false);
-        let posting = Arc::new(Posting::start(self.settings.timeout));
+        let sending = Arc::new(SendingThread::start());
         let (announcing, needed) = watch::channel(false);
         let announce = async {
             match &self.announcements {
                 Some(announcements) => {
-                    announcer::announce(Arc::clone(announcements), self.bell.clone(), needed).await;
+                    announcer::announce(Arc::clone(announcements), self.signal.clone(), needed)
+                        .await;
                 }
                 None => std::future::pending().await,
             }
         };
         tokio::pin!(stop);
         tokio::select! {
-            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &posting, &stopping_seen), announce) } => {},
+            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &sending, &stopping_seen), announce) } => {},
             () = &mut stop => {},
         }
         stopping.send_replace(true);
-        let saved = futures_util::future::join_all(running.values_mut().map(|task| &mut task.0));
+        let saved = futures_util::future::join_all(running.values_mut().map(|task| &mut task.task));
         if tokio::time::timeout(SAVE_ON_STOP, saved).await.is_err() {
             tracing::warn!(
                 "webhook deliveries did not save their progress in time; the next instance may repeat some events"
@@ -115,7 +115,7 @@ impl Deliveries {
         &self,
         running: &mut HashMap<i64, Running>,
         announcing: &watch::Sender<bool>,
-        posting: &Arc<Posting>,
+        sending: &Arc<SendingThread>,
         stopping: &watch::Receiver<bool>,
     ) {
         let mut every = tokio::time::interval(CLAIM_EVERY);
@@ -152,31 +152,43 @@ impl Deliveries {
             } else if heard.is_none() {
                 heard = self.announcements.as_ref().map(|heard| heard.listen());
             }
-            // Stop what is no longer ours, has ended, or was moved to a new generation.
+            // Stop what is no longer ours, has ended, or is not the row it started with
+            // (removed, replayed, enabled again); a new secret is followed where it runs.
             running.retain(|id, task| {
-                !task.0.is_finished()
+                !task.task.is_finished()
                     && leases
                         .iter()
-                        .any(|lease| lease.endpoint == *id && lease.generation == task.1)
+                        .find(|lease| lease.endpoint == *id)
+                        .is_some_and(|lease| task.follows(lease))
             });
             for lease in leases {
                 if running.contains_key(&lease.endpoint) {
                     continue;
                 }
                 tracing::info!(endpoint = lease.endpoint, "delivering deletion events");
-                let (endpoint, generation) = (lease.endpoint, lease.generation);
+                let (signing, signing_seen) = watch::channel(lease.signing.clone());
+                let started = lease.clone();
                 let delivery = EndpointDelivery {
                     store: Arc::clone(&self.store),
                     lease,
                     owner: Arc::clone(&self.owner),
-                    posting: Arc::clone(posting),
+                    sending: Arc::clone(sending),
+                    timeout: self.settings.timeout,
+                    signing: signing_seen,
                     backoff: self.settings.backoff,
                     metrics: Arc::clone(&self.metrics),
-                    wake: self.bell.listen(),
+                    wake: self.signal.listen(),
                     heard: heard.clone(),
                     stopping: stopping.clone(),
                 };
-                running.insert(endpoint, Running(tokio::spawn(delivery.run()), generation));
+                running.insert(
+                    started.endpoint,
+                    Running {
+                        task: tokio::spawn(delivery.run()),
+                        started,
+                        signing,
+                    },
+                );
             }
         }
     }
@@ -210,12 +222,40 @@ impl Deliveries {
     }
 }
 
-/// One endpoint's delivery task and the generation it started with; dropping it stops
-/// the task.
-struct Running(JoinHandle<Stopped>, i64);
+/// One endpoint's delivery task, the lease it started with, and its secrets as they are
+/// now; dropping it stops the task, and cancels its requests.
+struct Running {
+    task: JoinHandle<Stopped>,
+    started: Lease,
+    signing: watch::Sender<Signing>,
+}
+
+impl Running {
+    /// Whether the task may go on delivering as `lease` now has the endpoint: the same
+    /// endpoint (ids are never reused), URL, event types and generation. A new secret is
+    /// handed to it rather than starting over, which would repeat what it sent since it
+    /// last saved.
+    fn follows(&self, lease: &Lease) -> bool {
+        let started = &self.started;
+        let same = started.url == lease.url
+            && started.events == lease.events
+            && started.http2 == lease.http2
+            && started.generation == lease.generation;
+        if same {
+            self.signing.send_if_modified(|signing| {
+                let changed = *signing != lease.signing;
+                if changed {
+                    signing.clone_from(&lease.signing);
+                }
+                changed
+            });
+        }
+        same
+    }
+}
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }

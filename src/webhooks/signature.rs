@@ -2,6 +2,7 @@
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use hmac::{Hmac, KeyInit, Mac};
+use plantstore_store::Signing;
 use rand::RngCore;
 use sha2::Sha256;
 
@@ -44,6 +45,39 @@ impl Key {
     }
 }
 
+/// What an endpoint's requests are signed with: its secret and, during a rotation's
+/// overlap, the one before it, so a receiver that still holds the old secret verifies too.
+pub(super) struct Signer {
+    /// `None` when the stored secret is not `whsec_` and base64.
+    current: Option<Key>,
+    previous: Option<Key>,
+}
+
+impl Signer {
+    pub(super) fn new(signing: &Signing) -> Self {
+        Self {
+            current: Key::of(&signing.secret),
+            previous: signing.previous_secret.as_deref().and_then(Key::of),
+        }
+    }
+
+    /// The `webhook-signature` header: `v1,<new>`, then ` v1,<old>` during an overlap (the
+    /// Standard Webhooks header holds signatures separated by spaces; a receiver accepts
+    /// any one that verifies).
+    pub(super) fn header(&self, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
+        let current = self
+            .current
+            .as_ref()
+            .ok_or("the endpoint's stored secret is not whsec_ and base64")?;
+        let mut header = current.sign(id, timestamp, body);
+        if let Some(previous) = &self.previous {
+            header.push(' ');
+            header.push_str(&previous.sign(id, timestamp, body));
+        }
+        Ok(header)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +94,29 @@ mod tests {
         assert_eq!(
             signature.as_deref(),
             Some("v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=")
+        );
+    }
+
+    #[test]
+    fn during_an_overlap_both_secrets_sign() {
+        let (old, new) = (new_secret(), new_secret());
+        let signer = Signer::new(&Signing {
+            secret: new.clone(),
+            previous_secret: Some(old.clone()),
+        });
+        let header = signer.header("deletion_1", 7, b"{}").expect("a header");
+        let expected = [&new, &old].map(|secret| sign(secret, "deletion_1", 7, b"{}"));
+        assert_eq!(
+            header.split(' ').map(Some).collect::<Vec<_>>(),
+            expected.iter().map(|s| s.as_deref()).collect::<Vec<_>>()
+        );
+        let alone = Signer::new(&Signing {
+            secret: new.clone(),
+            previous_secret: None,
+        });
+        assert_eq!(
+            Some(alone.header("deletion_1", 7, b"{}").expect("a header")),
+            expected[0]
         );
     }
 

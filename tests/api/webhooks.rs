@@ -35,7 +35,14 @@ on_both_backends!(
     a_graceful_stop_leaves_the_next_instance_nothing_to_repeat,
     each_refused_command_is_one_clear_line,
     metrics_show_deliveries_pending_and_lag_per_endpoint,
+    a_slow_receiver_gets_each_event_once,
+    a_removed_endpoint_gets_nothing_more_and_its_id_is_never_reused,
+    a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends,
 );
+
+/// How long a running delivery may take to follow a change to its endpoint's row: it
+/// claims its leases each second.
+const FOLLOWS_WITHIN: Duration = Duration::from_millis(2500);
 
 /// How long the tests wait for deliveries that should take well under a second.
 const WITHIN: Duration = Duration::from_secs(20);
@@ -585,6 +592,10 @@ async fn each_refused_command_is_one_clear_line(backend: Backend) {
             vec!["webhooks", "replay", &id, "--from", "999"],
             "no deletion log entry has id 999",
         ),
+        (
+            vec!["webhooks", "rotate-secret", "999"],
+            "no webhook endpoint has id 999",
+        ),
     ];
     for (args, says) in refusals {
         let line = refused(&plantstore(&app, &args));
@@ -628,4 +639,136 @@ async fn metrics_show_deliveries_pending_and_lag_per_endpoint(backend: Backend) 
     wait_for_series(&app, &pending, |value| value == 2.0).await;
     succeeded(&plantstore(&app, &["webhooks", "remove", &id.to_string()]));
     wait_for_series(&app, &pending, |value| value == 0.0).await;
+}
+
+/// A receiver that serves one request at a time per connection and takes 0.3 s for each,
+/// as a synchronous app server does: each event arrives once, and no attempt fails. (Each
+/// request has its own connection and timeout; none waits behind another's answer.)
+async fn a_slow_receiver_gets_each_event_once(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Paced(Duration::from_millis(300))).await;
+    let app = spawn_app_on(TestDb::new(backend).await, |config| {
+        quick_retries(config);
+        config.serve.webhooks.webhook_timeout = Duration::from_secs(5);
+    })
+    .await;
+    let id = add_endpoint(&app, &receiver, &[]);
+    let plants: Vec<i64> = (1..=400).collect();
+    app.add_plants(&plants).await;
+    let clients = futures::stream::iter(plants.chunks(25).map(|chunk| {
+        let app = &app;
+        async move { delete_all(app, chunk.iter().copied()).await }
+    }));
+    futures::StreamExt::for_each_concurrent(clients, 16, |delete| delete).await;
+
+    let expected = logged_ids(&app).await;
+    assert_eq!(expected.len(), 400);
+    receiver
+        .wait_for(WITHIN, "every delete received", |got| {
+            got.iter().filter(|r| r.accepted).count() >= 400
+        })
+        .await;
+    wait_until_nothing_pending(&app).await;
+    let ids = accepted_ids(&receiver);
+    let once: HashSet<&String> = ids.iter().collect();
+    assert_eq!((ids.len(), once.len()), (400, 400), "repeats");
+    assert!(receiver.received().iter().all(|r| r.verified));
+    let failed =
+        format!("plantstore_webhook_deliveries_total{{endpoint=\"{id}\",result=\"failed\"}}");
+    let series = scrape(&app).await;
+    assert_eq!(series.get(&failed), Some(&0.0), "{series:?}");
+}
+
+/// Removing an endpoint stops its delivery; an endpoint added after it gets a new id (on
+/// SQLite too, where the removed one's id was handed out again) and its own events, none
+/// of which go to the removed URL.
+async fn a_removed_endpoint_gets_nothing_more_and_its_id_is_never_reused(backend: Backend) {
+    let (removed, added) = (
+        Receiver::start(&[], Reply::Status(204)).await,
+        Receiver::start(&[], Reply::Status(204)).await,
+    );
+    let app = spawn(backend).await;
+    let first = add_endpoint(&app, &removed, &[]);
+    app.add_plants(&(1..=40).collect::<Vec<_>>()).await;
+    delete_all(&app, 1..=5).await;
+    removed
+        .wait_for(WITHIN, "the first endpoint's events", |got| got.len() >= 5)
+        .await;
+
+    succeeded(&plantstore(
+        &app,
+        &["webhooks", "remove", &first.to_string()],
+    ));
+    let second = add_endpoint(&app, &added, &[]);
+    assert!(second > first, "ids {first} then {second}");
+    tokio::time::sleep(FOLLOWS_WITHIN).await;
+    let before = removed.received().len();
+    delete_all(&app, 6..=40).await;
+    added
+        .wait_for(WITHIN, "the new endpoint's events", |got| {
+            got.iter().filter(|r| r.accepted).count() >= 35
+        })
+        .await;
+    wait_until_nothing_pending(&app).await;
+    assert_eq!(removed.received().len(), before, "the removed URL got more");
+    assert!(added.received().iter().all(|r| r.verified));
+}
+
+/// `rotate-secret` prints the new secret alone on its last line; until the overlap ends
+/// every request carries a signature by each secret, so a receiver verifies with either;
+/// `--overlap 0s` ends the old one at once. `webhooks list` shows when the overlap ends.
+async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &receiver, &[]).to_string();
+    let first_secret = receiver_secret(&receiver);
+    assert!(endpoints(&app)[0]["previous_secret_until"].is_null());
+    app.add_plants(&(1..=30).collect::<Vec<_>>()).await;
+
+    let rotate = |overlap: &str| {
+        let out = succeeded(&plantstore(
+            &app,
+            &["webhooks", "rotate-secret", &id, "--overlap", overlap],
+        ));
+        let secret = out.lines().last().expect("a secret line").to_owned();
+        assert!(secret.starts_with("whsec_"), "{out}");
+        (out, secret)
+    };
+    // Deletes `plants` once the instance took up the rotation; the requests for them.
+    let delivered_after_rotation = |plants: std::ops::RangeInclusive<i64>| {
+        let (app, receiver) = (&app, &receiver);
+        async move {
+            tokio::time::sleep(FOLLOWS_WITHIN).await;
+            let before = receiver.received().len();
+            let count = plants.clone().count();
+            delete_all(app, plants).await;
+            receiver
+                .wait_for(WITHIN, "the events after the rotation", |got| {
+                    got.len() >= before + count
+                })
+                .await;
+            receiver.received().split_off(before)
+        }
+    };
+
+    let (said, second_secret) = rotate("1h");
+    assert!(said.contains("until"), "{said}");
+    assert!(endpoints(&app)[0]["previous_secret_until"].is_string());
+    for request in delivered_after_rotation(1..=10).await {
+        assert_eq!(request.signature.split(' ').count(), 2, "{request:?}");
+        assert!(request.signed_with(&first_secret), "{request:?}");
+        assert!(request.signed_with(&second_secret), "{request:?}");
+    }
+
+    let (_, third_secret) = rotate("0s");
+    assert!(endpoints(&app)[0]["previous_secret_until"].is_null());
+    for request in delivered_after_rotation(11..=20).await {
+        assert_eq!(request.signature.split(' ').count(), 1, "{request:?}");
+        assert!(request.signed_with(&third_secret), "{request:?}");
+        assert!(!request.signed_with(&second_secret), "{request:?}");
+    }
+}
+
+/// The secret `add_endpoint` gave `receiver`.
+fn receiver_secret(receiver: &Receiver) -> String {
+    receiver.secrets().first().cloned().expect("a secret")
 }

@@ -33,6 +33,18 @@ def psql(url, sql):
     return out.stdout
 
 
+def psql_or_sqlite(url, sql):
+    """The first column of `sql`'s rows, from PostgreSQL or a SQLite file's URL."""
+    if url.startswith("sqlite:"):
+        path = url.split("://", 1)[1].split("?", 1)[0]
+        out = subprocess.run(["python3", "-c",
+                              "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]);"
+                              "print('\\n'.join(str(r[0]) for r in c.execute(sys.argv[2])))",
+                              path, sql], check=True, capture_output=True, text=True)
+        return out.stdout.split()
+    return psql(url, sql).split()
+
+
 def get(url, timeout=2.0):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as answer:

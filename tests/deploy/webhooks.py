@@ -27,7 +27,8 @@ import uuid
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from fleet import Clients, Instance, fail, free_port, prepare_database, psql, wait_until
+from fleet import (Clients, Instance, fail, free_port, prepare_database, psql,
+                   psql_or_sqlite, wait_until)
 
 WHAT = "webhooks"
 PLANTS = 200_000
@@ -127,17 +128,6 @@ def run(binary, url, work, label):
         fail(WHAT, f"{label}: {len(changed)} webhook-ids came with different bodies: {changed[:5]}")
     if unknown:
         fail(WHAT, f"{label}: events for no deletion log entry: {sorted(unknown)[:5]}")
-
-
-def psql_or_sqlite(url, sql):
-    if url.startswith("sqlite:"):
-        path = url.split("://", 1)[1].split("?", 1)[0]
-        out = subprocess.run(["python3", "-c",
-                              "import sqlite3,sys; c=sqlite3.connect(sys.argv[1]);"
-                              "print('\\n'.join(str(r[0]) for r in c.execute(sys.argv[2])))",
-                              path, sql], check=True, capture_output=True, text=True)
-        return out.stdout.split()
-    return psql(url, sql).split()
 
 
 def main():

@@ -21,8 +21,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     Announcements, BatchWriter, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter,
-    DeletionRecord, DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError,
-    Store, StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks,
+    DeletionRecord, DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome,
+    RestoreError, Store, StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord,
+    Webhooks,
 };
 use sqlx::postgres::PgPool;
 
@@ -193,9 +194,19 @@ impl Store for PostgresStore {
 
 #[async_trait]
 impl Webhooks for PostgresStore {
-    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError> {
+    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
         self.failover
-            .watch(webhooks::add(&self.pool, url, events, secret).await)
+            .watch(webhooks::add(&self.pool, endpoint).await)
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: i64,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        self.failover
+            .watch(webhooks::rotate_secret(&self.pool, id, secret, overlap).await)
     }
 
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {

@@ -27,7 +27,10 @@ pub(crate) async fn check(pool: &PgPool) -> Result<(), StoreError> {
                     AND to_regclass('plantstore_webhook_endpoints') IS NOT NULL
                     AND EXISTS (SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass('plantstore_deletions')
-                                  AND attname = 'snapshot' AND NOT attisdropped)) AS "own_tables!""#
+                                  AND attname = 'snapshot' AND NOT attisdropped)
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_webhook_endpoints')
+                                  AND attname = 'previous_secret' AND NOT attisdropped)) AS "own_tables!""#
         )
         .fetch_one(&mut *connection(pool).await?)
         .await

@@ -3,32 +3,29 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, ReplayOutcome, StoreError,
-    StreamPosition, found,
+    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, NewEndpoint, ReplayOutcome,
+    StoreError, StreamPosition, found,
 };
 use sqlx::postgres::PgPool;
 
 use crate::{connection::connection, errors::classify};
 
-#[tracing::instrument(skip(pool, url, secret))]
-pub(crate) async fn add(
-    pool: &PgPool,
-    url: &str,
-    events: &str,
-    secret: &str,
-) -> Result<i64, StoreError> {
+#[tracing::instrument(skip_all)]
+pub(crate) async fn add(pool: &PgPool, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
     // The cursor starts before every transaction still running: whatever commits from now
     // on is after it (a few events committed just before may come too).
     sqlx::query_scalar!(
         "INSERT INTO plantstore_webhook_endpoints
-             (url, events, secret, cursor_pos, cursor_kind, cursor_id)
-         VALUES ($1, $2, $3,
+             (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id)
+         VALUES ($1, $2, $3, $4,
                  pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT - 1, 2, 0)
          RETURNING id",
-        url,
-        events,
-        secret
+        endpoint.url,
+        endpoint.events,
+        endpoint.secret,
+        endpoint.http2
     )
     .fetch_one(&mut *connection(pool).await?)
     .await
@@ -39,7 +36,8 @@ pub(crate) async fn add(
 pub(crate) async fn list(pool: &PgPool) -> Result<Vec<EndpointRecord>, StoreError> {
     sqlx::query_as!(
         EndpointRecord,
-        r#"SELECT e.id, e.url, e.events, e.state, e.delivered_through, e.last_error,
+        r#"SELECT e.id, e.url, e.events, e.http2, e.previous_secret_until, e.state,
+                  e.delivered_through, e.last_error,
                   e.next_attempt_at, e.created_at,
                   (SELECT count(*) FROM plantstore_deletions d
                     WHERE d.xid >= GREATEST(e.cursor_pos, 0)::TEXT::xid8
@@ -63,6 +61,29 @@ pub(crate) async fn remove(pool: &PgPool, id: i64) -> Result<(), StoreError> {
         .await
         .map_err(classify)?;
     found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(pool, secret))]
+pub(crate) async fn rotate_secret(
+    pool: &PgPool,
+    id: i64,
+    secret: &str,
+    overlap: Duration,
+) -> Result<DateTime<Utc>, StoreError> {
+    let until = sqlx::query_scalar!(
+        r#"UPDATE plantstore_webhook_endpoints
+           SET previous_secret = secret, previous_secret_until = now() + make_interval(secs => $3),
+               secret = $2
+           WHERE id = $1
+           RETURNING previous_secret_until AS "until!""#,
+        id,
+        secret,
+        overlap.as_secs_f64()
+    )
+    .fetch_optional(&mut *connection(pool).await?)
+    .await
+    .map_err(classify)?;
+    until.ok_or(StoreError::NotFound)
 }
 
 #[tracing::instrument(skip(pool))]
@@ -125,7 +146,10 @@ pub(crate) async fn claim(
          SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
          WHERE state <> 'disabled'
            AND (lease_owner IS NULL OR lease_owner = $1 OR lease_until < now())
-         RETURNING id, url, events, secret, generation, cursor_pos, cursor_kind, cursor_id",
+         RETURNING id, url, events, secret,
+                   CASE WHEN previous_secret_until > now() THEN previous_secret END
+                       AS \"previous_secret?\",
+                   http2, generation, cursor_pos, cursor_kind, cursor_id",
         owner,
         lease.as_secs_f64()
     )
@@ -184,7 +208,7 @@ pub(crate) async fn read(
     .fetch_all(&mut *connection(pool).await?)
     .await
     .map_err(classify)?;
-    Ok(rows.into_iter().map(Event::from).collect())
+    rows.into_iter().map(Event::try_from).collect()
 }
 
 #[tracing::instrument(level = "debug", skip(pool, lease), fields(endpoint = lease.endpoint))]

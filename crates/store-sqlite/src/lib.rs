@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     Announcements, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord,
-    DeliveryReport, EndpointRecord, Event, Lease, ReplayOutcome, RestoreError, Store, StoreError,
-    StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
+    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, RestoreError, Store,
+    StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -174,8 +174,17 @@ impl Store for SqliteStore {
 
 #[async_trait]
 impl Webhooks for SqliteStore {
-    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError> {
-        webhooks::add(&self.writer, url, events, secret).await
+    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
+        webhooks::add(&self.writer, endpoint).await
+    }
+
+    async fn rotate_secret(
+        &self,
+        id: i64,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        webhooks::rotate_secret(&self.writer, id, secret, overlap).await
     }
 
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {

@@ -23,7 +23,9 @@ pub(crate) async fn check(readers: &SqlitePool) -> Result<(), StoreError> {
                   WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions',
                                                  'plantstore_webhook_endpoints'))
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
-                    WHERE name = 'snapshot') AS "own_tables!: i64""#
+                    WHERE name = 'snapshot')
+                + (SELECT COUNT(*) FROM pragma_table_info('plantstore_webhook_endpoints')
+                    WHERE name = 'previous_secret') AS "own_tables!: i64""#
         )
         .fetch_one(readers)
         .await
@@ -38,6 +40,6 @@ pub(crate) async fn check(readers: &SqlitePool) -> Result<(), StoreError> {
         }),
         plants_id_is_integer: found.id_is_integer.unwrap_or(false),
         plants_id_is_unique: found.id_is_unique,
-        has_own_tables: found.own_tables == 4,
+        has_own_tables: found.own_tables == 5,
     })
 }

@@ -62,43 +62,43 @@ pub(crate) async fn read(
     Ok(events)
 }
 
-/// One event as `json_array` lays it out, in the query's column order: `seq` orders the
-/// events at one place of the stream (a delete's id, a restore's `restored_seq`).
-type Columns = (
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    String,
-    String,
-    Option<String>,
-    String,
-    Option<String>,
-    Option<String>,
-    Option<String>,
-);
+/// One event as `json_array` lays it out, in the query's column order (serde reads a
+/// struct from an array field by field): `seq` orders the events at one place of the
+/// stream (a delete's id, a restore's `restored_seq`).
+#[derive(serde::Deserialize)]
+struct Columns {
+    pos: i64,
+    kind: i64,
+    seq: i64,
+    id: i64,
+    plant_id: i64,
+    caller: String,
+    request_id: String,
+    idempotency_key: Option<String>,
+    deleted_at: String,
+    snapshot: Option<String>,
+    restored_at: Option<String>,
+    restored_by: Option<String>,
+}
 
 fn decode(batch: &str) -> Result<Vec<Event>, StoreError> {
     let rows: Vec<Columns> = serde_json::from_str(batch).map_err(|err| bad(err.to_string()))?;
     rows.into_iter()
         .map(|row| {
-            let (pos, kind, seq, id, plant_id, caller, request_id, idempotency_key) =
-                (row.0, row.1, row.2, row.3, row.4, row.5, row.6, row.7);
-            let mut event = Event::from(EventRow {
-                pos,
-                kind,
-                id,
-                plant_id,
-                caller,
-                request_id,
-                idempotency_key,
-                deleted_at: time(&row.8)?,
-                snapshot: row.9,
-                restored_at: row.10.as_deref().map(time).transpose()?,
-                restored_by: row.11,
-            });
-            event.position.id = seq;
+            let mut event = Event::try_from(EventRow {
+                pos: row.pos,
+                kind: row.kind,
+                id: row.id,
+                plant_id: row.plant_id,
+                caller: row.caller,
+                request_id: row.request_id,
+                idempotency_key: row.idempotency_key,
+                deleted_at: time(&row.deleted_at)?,
+                snapshot: row.snapshot,
+                restored_at: row.restored_at.as_deref().map(time).transpose()?,
+                restored_by: row.restored_by,
+            })?;
+            event.position.id = row.seq;
             Ok(event)
         })
         .collect()

@@ -6,28 +6,27 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Lease, LeaseRow, ReplayOutcome, StoreError, found,
+    DeliveryReport, EndpointRecord, Lease, LeaseRow, NewEndpoint, ReplayOutcome, StoreError, found,
 };
 use sqlx::SqlitePool;
 
 use crate::{errors::classify, writer::WriteConnection};
 
-#[tracing::instrument(skip(writer, url, secret))]
+#[tracing::instrument(skip_all)]
 pub(crate) async fn add(
     writer: &WriteConnection,
-    url: &str,
-    events: &str,
-    secret: &str,
+    endpoint: &NewEndpoint,
 ) -> Result<i64, StoreError> {
     let now = Utc::now();
     sqlx::query_scalar!(
         r#"INSERT INTO plantstore_webhook_endpoints
-               (url, events, secret, cursor_pos, cursor_kind, cursor_id, created_at)
-           VALUES (?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
+               (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id, created_at)
+           VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
            RETURNING id AS "id!: i64""#,
-        url,
-        events,
-        secret,
+        endpoint.url,
+        endpoint.events,
+        endpoint.secret,
+        endpoint.http2,
         now
     )
     .fetch_one(writer.lock().await?.conn()?)
@@ -39,7 +38,8 @@ pub(crate) async fn add(
 pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<EndpointRecord>, StoreError> {
     sqlx::query_as!(
         EndpointRecord,
-        r#"SELECT e.id AS "id!: i64", e.url, e.events, e.state,
+        r#"SELECT e.id AS "id!: i64", e.url, e.events, e.http2 AS "http2!: bool",
+                  e.previous_secret_until AS "previous_secret_until?: DateTime<Utc>", e.state,
                   e.delivered_through AS "delivered_through?: i64", e.last_error,
                   e.next_attempt_at AS "next_attempt_at?: DateTime<Utc>",
                   e.created_at AS "created_at!: DateTime<Utc>",
@@ -65,6 +65,29 @@ pub(crate) async fn remove(writer: &WriteConnection, id: i64) -> Result<(), Stor
         .await
         .map_err(classify)?;
     found(done.rows_affected())
+}
+
+#[tracing::instrument(skip(writer, secret))]
+pub(crate) async fn rotate_secret(
+    writer: &WriteConnection,
+    id: i64,
+    secret: &str,
+    overlap: Duration,
+) -> Result<DateTime<Utc>, StoreError> {
+    let until = Utc::now() + chrono::Duration::from_std(overlap).unwrap_or(chrono::Duration::MAX);
+    let done = sqlx::query!(
+        "UPDATE plantstore_webhook_endpoints
+         SET previous_secret = secret, previous_secret_until = ?3, secret = ?2
+         WHERE id = ?1",
+        id,
+        secret,
+        until
+    )
+    .execute(writer.lock().await?.conn()?)
+    .await
+    .map_err(classify)?;
+    found(done.rows_affected())?;
+    Ok(until)
 }
 
 #[tracing::instrument(skip(writer))]
@@ -138,7 +161,10 @@ pub(crate) async fn claim(
         r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
            WHERE state <> 'disabled'
              AND (lease_owner IS NULL OR lease_owner = ?1 OR lease_until < ?3)
-           RETURNING id AS "id!: i64", url, events, secret, generation AS "generation!: i64",
+           RETURNING id AS "id!: i64", url, events, secret,
+                     CASE WHEN previous_secret_until > ?3 THEN previous_secret END
+                         AS "previous_secret?: String",
+                     http2 AS "http2!: bool", generation AS "generation!: i64",
                      cursor_pos AS "cursor_pos!: i64", cursor_kind AS "cursor_kind!: i64",
                      cursor_id AS "cursor_id!: i64""#,
         owner,

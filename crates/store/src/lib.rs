@@ -25,7 +25,7 @@ pub use log::{
 };
 pub use webhooks::{
     Announcements, DeliveryReport, EndpointRecord, Event, EventKind, EventRow, Lease, LeaseRow,
-    ReplayOutcome, StreamPosition, Webhooks,
+    NewEndpoint, ReplayOutcome, Signing, StreamPosition, Webhooks,
 };
 
 /// A request to delete one plant, with what its audit row records: who asked, and in

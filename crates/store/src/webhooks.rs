@@ -46,12 +46,18 @@ impl EventKind {
             EventKind::Restored => "plant.restored",
         }
     }
+}
 
-    pub fn from_code(kind: i64) -> Self {
-        if kind == 0 {
-            EventKind::Deleted
-        } else {
-            EventKind::Restored
+/// A stream position's `kind` column: 0 a delete, 1 a restore. Any other code is a row
+/// this version cannot deliver, and is refused rather than guessed at.
+impl TryFrom<i64> for EventKind {
+    type Error = StoreError;
+
+    fn try_from(code: i64) -> Result<Self, StoreError> {
+        match code {
+            0 => Ok(EventKind::Deleted),
+            1 => Ok(EventKind::Restored),
+            _ => Err(StoreError::Broken("an event of an unknown kind")),
         }
     }
 }
@@ -90,15 +96,17 @@ pub struct EventRow {
     pub restored_by: Option<String>,
 }
 
-impl From<EventRow> for Event {
-    fn from(row: EventRow) -> Self {
-        Event {
+impl TryFrom<EventRow> for Event {
+    type Error = StoreError;
+
+    fn try_from(row: EventRow) -> Result<Self, StoreError> {
+        Ok(Event {
             position: StreamPosition {
                 pos: row.pos,
                 kind: row.kind,
                 id: row.id,
             },
-            kind: EventKind::from_code(row.kind),
+            kind: EventKind::try_from(row.kind)?,
             entry: DeletionRecord {
                 id: row.id,
                 plant_id: row.plant_id,
@@ -110,7 +118,7 @@ impl From<EventRow> for Event {
                 restored_at: row.restored_at,
                 restored_by: row.restored_by,
             },
-        }
+        })
     }
 }
 
@@ -121,6 +129,9 @@ pub struct LeaseRow {
     pub url: String,
     pub events: String,
     pub secret: String,
+    /// Set only while the rotation's overlap lasts.
+    pub previous_secret: Option<String>,
+    pub http2: bool,
     pub generation: i64,
     pub cursor_pos: i64,
     pub cursor_kind: i64,
@@ -133,7 +144,11 @@ impl From<LeaseRow> for Lease {
             endpoint: row.id,
             url: row.url,
             events: row.events,
-            secret: row.secret,
+            signing: Signing {
+                secret: row.secret,
+                previous_secret: row.previous_secret,
+            },
+            http2: row.http2,
             generation: row.generation,
             cursor: StreamPosition {
                 pos: row.cursor_pos,
@@ -150,6 +165,10 @@ pub struct EndpointRecord {
     pub id: i64,
     pub url: String,
     pub events: String,
+    /// HTTP/2 with prior knowledge (`webhooks add --http2`).
+    pub http2: bool,
+    /// Until when requests are also signed with the secret before the last rotation.
+    pub previous_secret_until: Option<DateTime<Utc>>,
     /// `active`, `failing` or `disabled`.
     pub state: String,
     pub delivered_through: Option<i64>,
@@ -166,11 +185,43 @@ pub struct Lease {
     pub endpoint: i64,
     pub url: String,
     pub events: String,
-    pub secret: String,
+    pub signing: Signing,
+    /// HTTP/2 with prior knowledge on a plain-http URL.
+    pub http2: bool,
     /// Changes when `replay` or `enable` moves the cursor; a report carrying an older one
     /// is refused, so delivery starts over from the new cursor.
     pub generation: i64,
     pub cursor: StreamPosition,
+}
+
+/// The secrets an endpoint's requests are signed with: its own, and during a rotation's
+/// overlap the one before it too.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Signing {
+    pub secret: String,
+    pub previous_secret: Option<String>,
+}
+
+impl std::fmt::Debug for Signing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signing")
+            .field("secret", &"<redacted>")
+            .field(
+                "previous_secret",
+                &self.previous_secret.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// An endpoint as `webhooks add` registers it.
+#[derive(Clone)]
+pub struct NewEndpoint {
+    pub url: String,
+    /// A comma list of event types.
+    pub events: String,
+    pub secret: String,
+    pub http2: bool,
 }
 
 /// What an endpoint's delivery reports: how far it got, and how it is doing.
@@ -197,7 +248,17 @@ pub enum ReplayOutcome {
 pub trait Webhooks: Send + Sync {
     /// Registers an endpoint that gets the events committed from now on; returns its id.
     /// `StoreError::Duplicate` when the URL is registered already.
-    async fn add_endpoint(&self, url: &str, events: &str, secret: &str) -> Result<i64, StoreError>;
+    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError>;
+
+    /// Gives an endpoint a new signing secret; until `overlap` has passed, requests are
+    /// signed with the old one too. Returns when the overlap ends.
+    /// `StoreError::NotFound` when no endpoint has that id.
+    async fn rotate_secret(
+        &self,
+        id: i64,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<DateTime<Utc>, StoreError>;
 
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError>;
 

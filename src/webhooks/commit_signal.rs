@@ -1,5 +1,5 @@
-//! The bell the request path rings after each delete it commits, and how delivery hears
-//! it: a ring goes out only when every ring before it was heard, so a delete under load
+//! The signal the request path raises after each delete it commits, and how delivery hears
+//! it: a signal goes out only when every one before it was heard, so a delete under load
 //! costs one atomic swap rather than a send to the listeners.
 
 use std::sync::{
@@ -9,10 +9,10 @@ use std::sync::{
 
 use tokio::sync::watch;
 
-/// Rung after each delete this instance commits, so its deliveries read the log at once
+/// Raised after each delete this instance commits, so its deliveries read the log at once
 /// rather than at their next poll.
 #[derive(Debug, Clone, Default)]
-pub struct Bell(Arc<Shared>);
+pub struct CommitSignal(Arc<Shared>);
 
 #[derive(Debug)]
 struct Shared {
@@ -30,9 +30,9 @@ impl Default for Shared {
     }
 }
 
-impl Bell {
+impl CommitSignal {
     /// Nothing on the request path when no endpoint is being delivered to here.
-    pub fn ring(&self) {
+    pub fn raise(&self) {
         let shared = &self.0;
         if shared.rings.receiver_count() > 0 && !shared.unheard.swap(true, SeqCst) {
             shared
@@ -42,8 +42,8 @@ impl Bell {
     }
 
     /// A new listener, which hears the rings from now on.
-    pub(super) fn listen(&self) -> Listener {
-        let mut listener = Listener {
+    pub(super) fn listen(&self) -> SignalListener {
+        let mut listener = SignalListener {
             shared: Arc::clone(&self.0),
             rings: self.0.rings.subscribe(),
         };
@@ -56,20 +56,20 @@ impl Bell {
 /// One listener's ear. Each acts on the rings with `heard` before it reads what they were
 /// for: a delete committed after that rings again, for every listener, since no ring it
 /// could be folded into is left unheard.
-pub(super) struct Listener {
+pub(super) struct SignalListener {
     shared: Arc<Shared>,
     rings: watch::Receiver<u64>,
 }
 
-impl Listener {
+impl SignalListener {
     /// Resolves at a ring not yet seen.
     pub(super) async fn changed(&mut self) {
-        // Never an error: the listener keeps the bell, sender and all.
+        // Never an error: the listener keeps the signal, sender and all.
         let _ = self.rings.changed().await;
     }
 
-    /// Whether the bell rang since it was last heard or seen.
-    pub(super) fn rang(&self) -> bool {
+    /// Whether the signal was raised since it was last heard or seen.
+    pub(super) fn was_raised(&self) -> bool {
         self.rings.has_changed().unwrap_or(false)
     }
 
@@ -88,43 +88,43 @@ mod tests {
 
     #[test]
     fn a_ring_after_a_listener_heard_reaches_every_listener() {
-        let bell = Bell::default();
-        let (mut first, mut second) = (bell.listen(), bell.listen());
-        bell.ring();
-        bell.ring();
-        assert!(first.rang() && second.rang());
+        let signal = CommitSignal::default();
+        let (mut first, mut second) = (signal.listen(), signal.listen());
+        signal.raise();
+        signal.raise();
+        assert!(first.was_raised() && second.was_raised());
         first.heard();
-        assert!(!first.rang());
+        assert!(!first.was_raised());
         // Not heard by `second` yet, but `first` cleared the ring: the next goes out.
-        bell.ring();
-        assert!(first.rang() && second.rang());
+        signal.raise();
+        assert!(first.was_raised() && second.was_raised());
         second.heard();
         first.heard();
-        assert!(!first.rang() && !second.rang());
-        bell.ring();
-        assert!(first.rang() && second.rang());
+        assert!(!first.was_raised() && !second.was_raised());
+        signal.raise();
+        assert!(first.was_raised() && second.was_raised());
     }
 
     #[test]
     fn a_new_listener_hears_the_next_ring_though_the_last_went_unheard() {
-        let bell = Bell::default();
-        let _old = bell.listen();
-        bell.ring();
-        let late = bell.listen();
-        assert!(!late.rang());
-        bell.ring();
-        assert!(late.rang());
+        let signal = CommitSignal::default();
+        let _old = signal.listen();
+        signal.raise();
+        let late = signal.listen();
+        assert!(!late.was_raised());
+        signal.raise();
+        assert!(late.was_raised());
     }
 
     #[test]
     fn rings_before_anyone_heard_go_out_once() {
-        let bell = Bell::default();
-        let mut ear = bell.listen();
-        bell.ring();
+        let signal = CommitSignal::default();
+        let mut ear = signal.listen();
+        signal.raise();
         let version = *ear.rings.borrow_and_update();
-        bell.ring();
-        bell.ring();
-        assert!(!ear.rang(), "folded into the ring not yet heard");
+        signal.raise();
+        signal.raise();
+        assert!(!ear.was_raised(), "folded into the ring not yet heard");
         assert_eq!(version, 1);
     }
 }

@@ -1,4 +1,5 @@
-//! The events read ahead of an endpoint's cursor: whose plant's turn it is, which are
+//! The events read ahead of an endpoint's cursor and not yet delivered: which may be sent
+//! now (one per plant at a time, so each plant's events arrive in order), which are
 //! delivered, and how far the cursor may move without leaving a gap.
 
 use std::{
@@ -11,23 +12,46 @@ use plantstore_store::{Event, StreamPosition};
 /// Events read ahead of the cursor at most.
 pub(super) const WINDOW: usize = 2048;
 
-/// An event whose plant's turn it is: its failures so far, and the wait before its next
-/// attempt.
-pub(super) type Turn = (Event, u32, Duration);
+/// An event to send now or after `wait`: the one in flight for its plant.
+#[derive(Debug)]
+pub(super) struct Dispatch {
+    pub(super) event: Event,
+    /// Failed attempts so far.
+    pub(super) failures: u32,
+    pub(super) wait: Duration,
+}
 
-pub(super) struct ReadAhead {
-    /// In stream order: each event's place, its entry, and whether it is done with.
-    window: VecDeque<(StreamPosition, i64, bool)>,
+impl Dispatch {
+    fn first(event: Event) -> Self {
+        Self {
+            event,
+            failures: 0,
+            wait: Duration::ZERO,
+        }
+    }
+}
+
+/// One event read, in stream order.
+struct Slot {
+    position: StreamPosition,
+    /// Its deletion log entry.
+    entry: i64,
+    /// Delivered, or not for this endpoint.
+    done: bool,
+}
+
+pub(super) struct PendingEvents {
+    window: VecDeque<Slot>,
     /// Where the next read starts.
     read_to: StreamPosition,
     /// Plants with an event in flight or waiting to be retried, and the events of theirs
     /// that wait behind it.
     busy: HashSet<i64>,
     behind: HashMap<i64, VecDeque<Event>>,
-    ready: VecDeque<Turn>,
+    ready: VecDeque<Dispatch>,
 }
 
-impl ReadAhead {
+impl PendingEvents {
     pub(super) fn new(cursor: StreamPosition) -> Self {
         Self {
             window: VecDeque::new(),
@@ -58,22 +82,25 @@ impl ReadAhead {
         for event in events {
             self.read_to = event.position;
             let wanted = wanted(&event);
-            self.window
-                .push_back((event.position, event.entry.id, !wanted));
+            self.window.push_back(Slot {
+                position: event.position,
+                entry: event.entry.id,
+                done: !wanted,
+            });
             if !wanted {
                 continue;
             }
             let plant = event.entry.plant_id;
             if self.busy.insert(plant) {
-                self.ready.push_back((event, 0, Duration::ZERO));
+                self.ready.push_back(Dispatch::first(event));
             } else {
                 self.behind.entry(plant).or_default().push_back(event);
             }
         }
     }
 
-    /// The next event whose plant's turn it is.
-    pub(super) fn next_turn(&mut self) -> Option<Turn> {
+    /// The next event to send: the oldest of its plant's not yet delivered.
+    pub(super) fn next_dispatch(&mut self) -> Option<Dispatch> {
         self.ready.pop_front()
     }
 
@@ -81,13 +108,13 @@ impl ReadAhead {
     pub(super) fn delivered(&mut self, event: &Event) {
         if let Ok(at) = self
             .window
-            .binary_search_by(|(position, _, _)| position.cmp(&event.position))
+            .binary_search_by(|slot| slot.position.cmp(&event.position))
         {
-            self.window[at].2 = true;
+            self.window[at].done = true;
         }
         let plant = event.entry.plant_id;
         match self.behind.get_mut(&plant).and_then(VecDeque::pop_front) {
-            Some(next) => self.ready.push_back((next, 0, Duration::ZERO)),
+            Some(next) => self.ready.push_back(Dispatch::first(next)),
             None => {
                 self.behind.remove(&plant);
                 self.busy.remove(&plant);
@@ -95,17 +122,21 @@ impl ReadAhead {
         }
     }
 
-    /// The event failed: it keeps its plant's turn, tried again after `wait`.
+    /// The event failed: it stays its plant's one in flight, tried again after `wait`.
     pub(super) fn retry(&mut self, event: Event, failures: u32, wait: Duration) {
-        self.ready.push_back((event, failures, wait));
+        self.ready.push_back(Dispatch {
+            event,
+            failures,
+            wait,
+        });
     }
 
     /// Drops the events done with at the front; the last one's place and entry, if any:
     /// how far the cursor may move.
     pub(super) fn take_done(&mut self) -> Option<(StreamPosition, i64)> {
         let mut last = None;
-        while let Some(&(position, entry, true)) = self.window.front() {
-            last = Some((position, entry));
+        while let Some(slot) = self.window.front().filter(|slot| slot.done) {
+            last = Some((slot.position, slot.entry));
             self.window.pop_front();
         }
         last
@@ -142,40 +173,43 @@ mod tests {
         }
     }
 
-    fn turn_ids(ahead: &mut ReadAhead) -> Vec<i64> {
-        std::iter::from_fn(|| ahead.next_turn())
-            .map(|(event, _, _)| event.entry.id)
+    fn dispatched_ids(ahead: &mut PendingEvents) -> Vec<i64> {
+        std::iter::from_fn(|| ahead.next_dispatch())
+            .map(|dispatch| dispatch.event.entry.id)
             .collect()
     }
 
     #[test]
     fn a_plants_next_event_waits_until_the_one_before_is_delivered() {
-        let mut ahead = ReadAhead::new(deleted(0, 0).position);
+        let mut ahead = PendingEvents::new(deleted(0, 0).position);
         ahead.add(vec![deleted(1, 7), deleted(2, 8), deleted(3, 7)], |_| true);
-        assert_eq!(turn_ids(&mut ahead), [1, 2]);
+        assert_eq!(dispatched_ids(&mut ahead), [1, 2]);
         ahead.delivered(&deleted(2, 8));
-        assert_eq!(turn_ids(&mut ahead), Vec::<i64>::new());
+        assert_eq!(dispatched_ids(&mut ahead), Vec::<i64>::new());
         ahead.delivered(&deleted(1, 7));
-        assert_eq!(turn_ids(&mut ahead), [3]);
+        assert_eq!(dispatched_ids(&mut ahead), [3]);
     }
 
     #[test]
-    fn a_failed_event_keeps_its_plants_turn() {
-        let mut ahead = ReadAhead::new(deleted(0, 0).position);
+    fn a_failed_event_holds_back_its_plants_next() {
+        let mut ahead = PendingEvents::new(deleted(0, 0).position);
         ahead.add(vec![deleted(1, 7), deleted(2, 7)], |_| true);
-        let (first, _, _) = ahead.next_turn().expect("a turn");
-        ahead.retry(first, 1, Duration::from_millis(5));
-        let (again, failures, wait) = ahead.next_turn().expect("the retry");
+        let first = ahead.next_dispatch().expect("a dispatch");
+        ahead.retry(first.event, 1, Duration::from_millis(5));
+        let again = ahead.next_dispatch().expect("the retry");
         assert_eq!(
-            (again.entry.id, failures, wait),
+            (again.event.entry.id, again.failures, again.wait),
             (1, 1, Duration::from_millis(5))
         );
-        assert!(ahead.next_turn().is_none(), "entry 2 waits behind entry 1");
+        assert!(
+            ahead.next_dispatch().is_none(),
+            "entry 2 waits behind entry 1"
+        );
     }
 
     #[test]
     fn the_cursor_moves_only_over_what_is_done_and_unwanted_events_are_done_at_once() {
-        let mut ahead = ReadAhead::new(deleted(0, 0).position);
+        let mut ahead = PendingEvents::new(deleted(0, 0).position);
         ahead.add(
             vec![deleted(1, 1), deleted(2, 2), deleted(3, 3), deleted(4, 4)],
             |event| event.entry.id != 3,
