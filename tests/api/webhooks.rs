@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use crate::{
     fixtures::receiver::{Receiver, Reply},
     helpers::{
-        Backend, TestApp, TestDb, plantstore_on, refused, serve_another, spawn_app_on,
-        spawn_app_until, succeeded, test_config,
+        Backend, TestApp, TestDb, plantstore_on, postgres_admin_url, refused, serve_another,
+        spawn_app_on, spawn_app_until, succeeded, test_config,
     },
     metrics::scrape,
     on_both_backends,
@@ -87,6 +87,63 @@ async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
     rings(&mut heard, "an announcement after the reconnection").await;
 }
 
+/// On PostgreSQL events are read in commit order up to the oldest transaction of the
+/// service's own sessions: a transaction left open by another application, in another
+/// database of the server or on an owner's table in the service's own, holds no event
+/// back. (Before, both held every event for as long as they stayed open.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_long_transaction_elsewhere_holds_no_event_back() {
+    use sqlx::Connection;
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(Backend::Postgres).await;
+    add_endpoint(&app, &receiver, &[]);
+    app.db.execute("CREATE TABLE owner_jobs (id BIGINT)").await;
+    let mut elsewhere = sqlx::PgConnection::connect(&postgres_admin_url())
+        .await
+        .expect("a connection to another database");
+    let mut owners = sqlx::PgConnection::connect(&app.db.url)
+        .await
+        .expect("an owner's connection");
+    for (conn, statement) in [
+        (&mut elsewhere, "SELECT pg_current_xact_id()::TEXT"),
+        (
+            &mut owners,
+            "INSERT INTO owner_jobs VALUES (1) RETURNING id::TEXT",
+        ),
+    ] {
+        sqlx::raw_sql("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("BEGIN");
+        sqlx::query_scalar::<_, String>(statement)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("a transaction id taken");
+    }
+
+    let plants: Vec<i64> = (1..=100).collect();
+    app.add_plants(&plants).await;
+    delete_from_clients(&app, &plants, 10).await;
+    let expected = logged_ids(&app).await;
+    assert_eq!(expected.len(), 100);
+    receiver
+        .wait_for(
+            Duration::from_secs(2),
+            "every event while both stay open",
+            |got| {
+                let accepted: HashSet<&str> = got.iter().map(|r| r.id.as_str()).collect();
+                expected.iter().all(|id| accepted.contains(id.as_str()))
+            },
+        )
+        .await;
+    for conn in [&mut elsewhere, &mut owners] {
+        sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *conn)
+            .await
+            .expect("ROLLBACK");
+    }
+}
+
 async fn rings(heard: &mut watch::Receiver<u64>, what: &str) {
     match tokio::time::timeout(WITHIN, heard.changed()).await {
         Ok(Ok(())) => {}
@@ -153,6 +210,13 @@ async fn delete_all(app: &TestApp, ids: impl IntoIterator<Item = i64>) {
     for answer in answers {
         assert_eq!(answer.status(), StatusCode::NO_CONTENT);
     }
+}
+
+/// Deletes `plants` in `clients` shares that run side by side.
+async fn delete_from_clients(app: &TestApp, plants: &[i64], clients: usize) {
+    let shares = plants.chunks(plants.len().div_ceil(clients).max(1));
+    let deleting = futures::stream::iter(shares.map(|share| delete_all(app, share.to_vec())));
+    futures::StreamExt::for_each_concurrent(deleting, clients, |delete| delete).await;
 }
 
 /// The webhook-ids of the deletion log's entries, as deletions.
@@ -654,11 +718,7 @@ async fn a_slow_receiver_gets_each_event_once(backend: Backend) {
     let id = add_endpoint(&app, &receiver, &[]);
     let plants: Vec<i64> = (1..=400).collect();
     app.add_plants(&plants).await;
-    let clients = futures::stream::iter(plants.chunks(25).map(|chunk| {
-        let app = &app;
-        async move { delete_all(app, chunk.iter().copied()).await }
-    }));
-    futures::StreamExt::for_each_concurrent(clients, 16, |delete| delete).await;
+    delete_from_clients(&app, &plants, 16).await;
 
     let expected = logged_ids(&app).await;
     assert_eq!(expected.len(), 400);

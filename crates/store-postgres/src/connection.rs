@@ -15,6 +15,10 @@ use crate::{
     hosts::HostList,
 };
 
+/// Every connection of the service carries it: deletion events are read up to the oldest
+/// transaction of these sessions only (`webhooks::read`), since only they write the log.
+pub(crate) const APPLICATION_NAME: &str = "plantstore";
+
 /// Opens the pool and one connection, so a wrong host or password fails at start. With
 /// several hosts, the first in order that satisfies `target_session_attrs` is used.
 pub(crate) async fn open_pool(
@@ -28,7 +32,7 @@ pub(crate) async fn open_pool(
     })?;
     // Lock and statement limits come from each request's deadline (`limits`).
     let failover = Arc::new(Failover::new(list, settings.acquire_timeout, |options| {
-        options.application_name("plantstore")
+        options.application_name(APPLICATION_NAME)
     }));
     let (index, options) = failover.find().await?;
     let attrs = failover.attrs();

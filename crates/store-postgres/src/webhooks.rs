@@ -1,5 +1,6 @@
 //! Deletion events on PostgreSQL: endpoints, their leases, and the event stream read in
-//! commit order, `(xid, kind, id)`, up to the oldest transaction still running.
+//! commit order, `(xid, kind, id)`, up to the oldest transaction of the service's own
+//! sessions still running.
 
 use std::time::Duration;
 
@@ -10,7 +11,10 @@ use plantstore_store::{
 };
 use sqlx::postgres::PgPool;
 
-use crate::{connection::connection, errors::classify};
+use crate::{
+    connection::{APPLICATION_NAME, connection},
+    errors::classify,
+};
 
 #[tracing::instrument(skip_all)]
 pub(crate) async fn add(pool: &PgPool, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
@@ -165,15 +169,28 @@ pub(crate) async fn read(
     after: StreamPosition,
     limit: i64,
 ) -> Result<Vec<Event>, StoreError> {
-    // Every xid below the snapshot's xmin has ended, so no entry can still commit behind
-    // what is read here; an entry of a transaction still running waits for the next read.
-    // Each kind is read in its index's order and cut at `limit`, so a read costs what it
-    // returns, not the whole backlog.
+    // The horizon: the oldest transaction running in this statement's snapshot, leaving
+    // out those that pg_stat_activity shows in a session of another application (only
+    // the service's sessions write the log, so another application's long transaction,
+    // in any database of the server, holds no event back). Every other transaction below
+    // it had ended when the snapshot was taken, so its entries are visible here, and none
+    // can still commit behind what is read. A running transaction not found there (it
+    // ended meanwhile, or is prepared) still counts: only a stall, never a skip, comes of
+    // doubt. Each kind is read in its index's order and cut at `limit`, so a read costs
+    // what it returns, not the whole backlog.
     let (deletes_xid, deletes_id) = after.after_for(0);
     let (restores_xid, restores_id) = after.after_for(1);
     let rows = sqlx::query_as!(
         EventRow,
-        r#"WITH horizon AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin)
+        r#"WITH snapshot AS (SELECT pg_current_snapshot() AS taken),
+           horizon AS (
+               SELECT LEAST(pg_snapshot_xmax(taken),
+                            (SELECT min(running) FROM pg_snapshot_xip(taken) AS running
+                             WHERE NOT EXISTS (
+                                 SELECT 1 FROM pg_stat_activity a
+                                 WHERE a.backend_xid = running::xid
+                                   AND a.application_name IS DISTINCT FROM $6))) AS xmin
+               FROM snapshot)
            SELECT pos AS "pos!", kind AS "kind!", id AS "id!", plant_id AS "plant_id!",
                   token_name AS "caller!", request_id AS "request_id!", idempotency_key,
                   deleted_at AS "deleted_at!", snapshot, restored_at, restored_by
@@ -203,7 +220,8 @@ pub(crate) async fn read(
         deletes_id,
         restores_xid,
         restores_id,
-        limit
+        limit,
+        APPLICATION_NAME
     )
     .fetch_all(&mut *connection(pool).await?)
     .await
