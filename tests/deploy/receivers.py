@@ -10,6 +10,10 @@ to one receiver, a Python ThreadingHTTPServer, in each of these set-ups:
 - haproxy: Debian's HAProxy in front of it, as a reverse proxy;
 - forward-proxy: the service's HTTP_PROXY is HAProxy, and the endpoint's URL names a host
   that does not resolve (receiver.invalid): every event that arrives came through it;
+- h2c: Debian's nginx in front of it speaking HTTP/2 on plain http, the endpoint added with
+  `--http2`; nginx's log must show every request came in HTTP/2;
+- https: nginx in front of it on https with HTTP/2 offered by ALPN, its certificate from a
+  test CA the service trusts through SSL_CERT_FILE; every request must come in HTTP/2;
 - rotation: `webhooks rotate-secret` while events flow; every request is verified by the
   reference library under the old secret, and every one sent after the service took up
   the new secret under the new one too.
@@ -18,7 +22,7 @@ attempt; each request's signature is verified with the `standardwebhooks` packag
 on any failure.
 
 Run from the repository root after `cargo test` (it uses target/debug/plantstore), with a
-Python that has standardwebhooks, and haproxy on the PATH:
+Python that has standardwebhooks, and haproxy, nginx and openssl on the PATH:
     PLANTSTORE_CI_POSTGRES_URL=postgres://postgres@127.0.0.1:5432/postgres \\
         target/webhook-venv/bin/python tests/deploy/receivers.py
 """
@@ -28,6 +32,7 @@ import collections
 import http.client
 import http.server
 import os
+import socket
 import subprocess
 import tempfile
 import threading
@@ -137,6 +142,85 @@ backend receiver
         self.process.wait()
 
 
+class Nginx:
+    """Debian's nginx on a free port in front of one server: HTTP/2 on plain http (prior
+    knowledge), or https with HTTP/2 and HTTP/1.1 offered by ALPN. Logs each request's
+    protocol."""
+
+    def __init__(self, work, name, server_port, tls):
+        self.port = free_port()
+        self.log = os.path.join(work, f"{name}-nginx-access.log")
+        listen = f"127.0.0.1:{self.port} http2"
+        certificates = ""
+        if tls:
+            listen = f"127.0.0.1:{self.port} ssl http2"
+            self.ca = test_certificates(work, name)
+            certificates = (f"ssl_certificate {work}/{name}-leaf.pem; "
+                            f"ssl_certificate_key {work}/{name}-leaf.key;")
+        temp = os.path.join(work, f"{name}-nginx-temp")
+        os.makedirs(temp, exist_ok=True)
+        config = os.path.join(work, f"{name}-nginx.conf")
+        with open(config, "w") as f:
+            f.write(f"""worker_processes 1;
+pid {work}/{name}-nginx.pid;
+error_log {work}/{name}-nginx-error.log;
+events {{}}
+http {{
+    log_format protocol '$server_protocol $status';
+    access_log {self.log} protocol;
+    client_body_temp_path {temp}/body;
+    proxy_temp_path {temp}/proxy;
+    upstream receiver {{
+        server 127.0.0.1:{server_port};
+        keepalive 16;
+    }}
+    server {{
+        listen {listen};
+        {certificates}
+        location / {{
+            proxy_pass http://receiver;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+        }}
+    }}
+}}
+""")
+        self.process = subprocess.Popen(["nginx", "-c", config, "-g", "daemon off;"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if not wait_until(lambda: port_open(self.port), 10):
+            fail(WHAT, f"{name}: nginx did not start: {self.process.stderr.read()[:500]}")
+
+    def protocols(self):
+        with open(self.log) as f:
+            return collections.Counter(line.split()[0] for line in f if line.strip())
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
+def test_certificates(work, name):
+    """A test CA and a certificate it signs for localhost; the CA's file."""
+    run = lambda *args: subprocess.run(args, check=True, capture_output=True)
+    ca, leaf = os.path.join(work, f"{name}-ca"), os.path.join(work, f"{name}-leaf")
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=Plant Store test CA", "-keyout", f"{ca}.key", "-out", f"{ca}.pem")
+    run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+        "-keyout", f"{leaf}.key", "-out", f"{leaf}.csr")
+    with open(f"{leaf}.ext", "w") as f:
+        f.write("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                "extendedKeyUsage=serverAuth\n")
+    run("openssl", "x509", "-req", "-in", f"{leaf}.csr", "-CA", f"{ca}.pem",
+        "-CAkey", f"{ca}.key", "-CAcreateserial", "-days", "1", "-extfile", f"{leaf}.ext",
+        "-out", f"{leaf}.pem")
+    return f"{ca}.pem"
+
+
+def port_open(port):
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def delete_all(port, token, plants):
     """Deletes `plants` (a range) from 16 clients, each on one kept-alive connection; the
     statuses answered."""
@@ -176,19 +260,24 @@ def scenario(binary, url, work, label, setup):
     receiver = Receiver(delay=0.3 if setup == "slow" else 0.0,
                         close_every=50 if setup == "closing" else None)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
-    proxy = HAProxy(work, f"{label}-{setup}", receiver.port) \
-        if setup in ("haproxy", "forward-proxy") else None
-    endpoint = {
-        "haproxy": f"http://127.0.0.1:{proxy.port if proxy else 0}/hooks",
-        "forward-proxy": "http://receiver.invalid/hooks",
-    }.get(setup, f"http://127.0.0.1:{receiver.port}/hooks")
-    settings = {}
+    proxy, endpoint, add, settings = None, f"http://127.0.0.1:{receiver.port}/hooks", [], {}
+    if setup in ("haproxy", "forward-proxy"):
+        proxy = HAProxy(work, f"{label}-{setup}", receiver.port)
+        endpoint = f"http://127.0.0.1:{proxy.port}/hooks"
     if setup == "forward-proxy":
+        endpoint = "http://receiver.invalid/hooks"
         settings = {"HTTP_PROXY": f"http://127.0.0.1:{proxy.port}", "NO_PROXY": ""}
+    if setup == "h2c":
+        proxy = Nginx(work, f"{label}-{setup}", receiver.port, tls=False)
+        endpoint, add = f"http://127.0.0.1:{proxy.port}/hooks", ["--http2"]
+    if setup == "https":
+        proxy = Nginx(work, f"{label}-{setup}", receiver.port, tls=True)
+        endpoint = f"https://localhost:{proxy.port}/hooks"
+        settings = {"SSL_CERT_FILE": proxy.ca}
     name = f"{label}-{setup}"
     token = prepare_database(binary, url, PLANTS)
     env = dict(os.environ, DATABASE_URL=url)
-    added = subprocess.run([binary, "webhooks", "add", endpoint], env=env, check=True,
+    added = subprocess.run([binary, "webhooks", "add", endpoint, *add], env=env, check=True,
                            capture_output=True, text=True)
     endpoint_id = added.stdout.split()[3]
     receiver.secrets.append(added.stdout.split()[-1])
@@ -222,6 +311,7 @@ def scenario(binary, url, work, label, setup):
                        f"such as {missing[:5]}")
         time.sleep(1)  # anything sent twice would be on its way by now
         failed = failed_attempts(port)
+        protocols = proxy.protocols() if isinstance(proxy, Nginx) else None
     finally:
         instance.kill()
         receiver.shutdown()
@@ -242,6 +332,10 @@ def scenario(binary, url, work, label, setup):
         fail(WHAT, f"{name}: {len(repeats)} events arrived more than once: {repeats[:5]}")
     if failed != 0:
         fail(WHAT, f"{name}: /metrics counts {failed} failed attempts")
+    if protocols is not None:
+        print(f"{name}: nginx logged {dict(protocols)}")
+        if set(protocols) != {"HTTP/2.0"}:
+            fail(WHAT, f"{name}: not every request came in HTTP/2: {dict(protocols)}")
     if unverified:
         fail(WHAT, f"{name}: {len(unverified)} requests the reference library refused "
                    f"under the first secret: {unverified[:5]}")
@@ -257,7 +351,7 @@ def scenario(binary, url, work, label, setup):
                        f"under the new secret: {not_new[:5]}")
 
 
-SETUPS = ["slow", "closing", "haproxy", "forward-proxy", "rotation"]
+SETUPS = ["slow", "closing", "haproxy", "forward-proxy", "h2c", "https", "rotation"]
 
 
 def main():
