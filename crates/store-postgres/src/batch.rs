@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use plantstore_store::{Deletion, Findings, Outcome, StoreError};
+use plantstore_store::{BatchResult, Deletion, Outcome, StoreError};
 use sqlx::{Acquire, Executor, PgConnection};
 use tokio::time::Instant;
 
@@ -78,7 +78,7 @@ pub(crate) async fn run(
         .zip(&row.earlier_plant)
         .filter_map(|(at, plant)| Some((usize::try_from(*at).ok()?.checked_sub(1)?, *plant)))
         .collect();
-    Ok(Findings {
+    Ok(BatchResult {
         deleted: row.deleted.into_iter().collect(),
         present: row.present.into_iter().collect(),
         earlier,

@@ -10,7 +10,7 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchWriter, Deletion, Findings, Outcome, StoreError, before_now, earliest, remaining,
+    BatchResult, BatchWriter, Deletion, Outcome, StoreError, before_now, earliest, remaining,
     sole_outcome,
 };
 use sqlx::{Connection, SqliteConnection};
@@ -93,7 +93,7 @@ async fn commit_batch(
         .map_err(classify)?
         .into_iter()
         .collect();
-    let outcomes = Findings {
+    let outcomes = BatchResult {
         deleted: deleted.keys().copied().collect(),
         // SQLite has no row locks: nothing is held by another session.
         present: HashSet::new(),

@@ -5,21 +5,21 @@ use std::{fmt::Debug, sync::Arc};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+mod batch_result;
 mod batcher;
 mod deadline;
 mod error;
-mod findings;
-mod kept;
+mod kept_connections;
 mod log;
 mod webhooks;
 
+pub use batch_result::{BatchResult, keyed_outcome};
 pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
 pub use deadline::{
     LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
 };
 pub use error::{StoreError, found};
-pub use findings::{Findings, keyed_outcome};
-pub use kept::KeptConnections;
+pub use kept_connections::KeptConnections;
 pub use log::{
     DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
 };

@@ -7,7 +7,7 @@ use crate::{Deletion, Outcome};
 
 /// Facts about one batch, as a backend's statement reports them.
 #[derive(Debug, Default)]
-pub struct Findings {
+pub struct BatchResult {
     /// Plants the statement deleted (and audited).
     pub deleted: HashSet<i64>,
     /// Plants still there after the statement: another session holds them (PostgreSQL
@@ -18,7 +18,7 @@ pub struct Findings {
     pub earlier: HashMap<usize, i64>,
 }
 
-impl Findings {
+impl BatchResult {
     /// Each deletion's outcome, in batch order.
     pub fn outcomes(&self, batch: &[Deletion]) -> Vec<Outcome> {
         batch
@@ -71,13 +71,13 @@ mod tests {
     #[test]
     fn each_deletion_reads_its_own_finding() {
         let batch: Vec<Deletion> = (1..=5).map(deletion).collect();
-        let findings = Findings {
+        let result = BatchResult {
             deleted: HashSet::from([1]),
             present: HashSet::from([2]),
             earlier: HashMap::from([(3, 4), (4, 9)]),
         };
         assert_eq!(
-            findings.outcomes(&batch),
+            result.outcomes(&batch),
             [
                 Outcome::Deleted,
                 Outcome::Held,
