@@ -12,6 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 
 def fail(what, message):
@@ -43,6 +44,20 @@ def psql_or_sqlite(url, sql):
                               path, sql], check=True, capture_output=True, text=True)
         return out.stdout.split()
     return psql(url, sql).split()
+
+
+def on_both_backends(run, work, name):
+    """`run(url, label)` on a SQLite file in `work`, then on a new PostgreSQL database of
+    the server PLANTSTORE_CI_POSTGRES_URL names, dropped afterwards."""
+    admin = os.environ.get("PLANTSTORE_CI_POSTGRES_URL",
+                           "postgres://postgres@127.0.0.1:5432/postgres")
+    run(f"sqlite://{work}/{name}.db?mode=rwc", "sqlite")
+    database = f"plantstore_{name.replace('-', '_')}_{uuid.uuid4().hex}"
+    psql(admin, f"CREATE DATABASE {database}")
+    try:
+        run(f"{admin.rsplit('/', 1)[0]}/{database}", "postgres")
+    finally:
+        psql(admin, f"DROP DATABASE {database} WITH (FORCE)")
 
 
 def get(url, timeout=2.0):

@@ -37,12 +37,11 @@ import subprocess
 import tempfile
 import threading
 import time
-import uuid
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from fleet import (Instance, fail, free_port, get, prepare_database, psql, psql_or_sqlite,
-                   wait_until)
+from fleet import (Instance, fail, free_port, get, on_both_backends, prepare_database,
+                   psql_or_sqlite, wait_until)
 
 WHAT = "receivers"
 PLANTS = 400
@@ -361,19 +360,12 @@ def main():
     parser.add_argument("--work", help="keep the logs in this folder")
     args = parser.parse_args()
     binary = os.path.abspath(args.binary)
-    admin = os.environ.get("PLANTSTORE_CI_POSTGRES_URL",
-                           "postgres://postgres@127.0.0.1:5432/postgres")
     setups = [args.only] if args.only else SETUPS
     with tempfile.TemporaryDirectory() as temporary:
         work = args.work or temporary
         for setup in setups:
-            scenario(binary, f"sqlite://{work}/{setup}.db?mode=rwc", work, "sqlite", setup)
-            name = f"plantstore_receivers_{uuid.uuid4().hex}"
-            psql(admin, f"CREATE DATABASE {name}")
-            try:
-                scenario(binary, f"{admin.rsplit('/', 1)[0]}/{name}", work, "postgres", setup)
-            finally:
-                psql(admin, f"DROP DATABASE {name} WITH (FORCE)")
+            on_both_backends(lambda url, label: scenario(binary, url, work, label, setup),
+                             work, setup)
     print(f"ok: {len(setups) * 2} runs, every event exactly once, no failed attempt")
 
 
