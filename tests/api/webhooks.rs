@@ -38,6 +38,7 @@ on_both_backends!(
     a_slow_receiver_gets_each_event_once,
     a_removed_endpoint_gets_nothing_more_and_its_id_is_never_reused,
     a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends,
+    a_redirect_is_a_failure_retry_after_is_kept_and_url_credentials_go_as_basic,
 );
 
 /// How long a running delivery may take to follow a change to its endpoint's row: it
@@ -831,4 +832,72 @@ async fn a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends(backen
 /// The secret `add_endpoint` gave `receiver`.
 fn receiver_secret(receiver: &Receiver) -> String {
     receiver.secrets().first().cloned().expect("a secret")
+}
+
+/// What a receiver says is kept to: a redirect is not followed (a failure, retried at the
+/// same URL), `Retry-After` in seconds and as an HTTP date holds the next attempt back,
+/// and credentials in the endpoint's URL go as HTTP Basic, never into the last error.
+async fn a_redirect_is_a_failure_retry_after_is_kept_and_url_credentials_go_as_basic(
+    backend: Backend,
+) {
+    // Whole seconds only, and the answer comes about 1.2 s in: at least 1.8 s still to wait.
+    let in_four_seconds = (chrono::Utc::now() + chrono::Duration::seconds(4))
+        .format("retry-after: %a, %d %b %Y %H:%M:%S GMT")
+        .to_string();
+    let receiver = Receiver::start(
+        &[
+            Reply::WithHeader(302, "location: http://127.0.0.1:9/elsewhere".into()),
+            Reply::WithHeader(503, "retry-after: 1".into()),
+            Reply::WithHeader(503, in_four_seconds),
+        ],
+        Reply::Status(204),
+    )
+    .await;
+    let app = spawn_app_on(TestDb::new(backend).await, |config| {
+        quick_retries(config);
+        config.serve.webhooks.webhook_retry_max = Duration::from_secs(5);
+    })
+    .await;
+    let with_credentials = receiver
+        .url
+        .replace("http://", "http://hook-user:s3cr%40t@");
+    let out = succeeded(&plantstore(&app, &["webhooks", "add", &with_credentials]));
+    receiver.verify_with(out.lines().last().expect("a secret"));
+    app.add_plants(&[1]).await;
+    delete_all(&app, [1]).await;
+    let failing = tokio::time::timeout(WITHIN, async {
+        loop {
+            let endpoint = endpoints(&app).remove(0);
+            if endpoint["last_error"].is_string() {
+                break endpoint;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the endpoint failing after the redirect");
+    let error = failing["last_error"].as_str().unwrap_or_default();
+    assert!(error.starts_with("the receiver answered"), "{failing}");
+    assert!(
+        !error.contains("s3cr") && !error.contains("hook-user"),
+        "{failing}"
+    );
+    receiver
+        .wait_for(WITHIN, "the event after a redirect and two 503s", |got| {
+            got.iter().any(|r| r.accepted)
+        })
+        .await;
+
+    let got = receiver.received();
+    assert_eq!(got.len(), 4, "{got:#?}");
+    assert!(got.iter().all(|r| r.verified && r.id == got[0].id));
+    // base64 of "hook-user:s3cr@t"
+    assert!(
+        got.iter()
+            .all(|r| r.authorization == "Basic aG9vay11c2VyOnMzY3JAdA=="),
+        "{got:#?}"
+    );
+    let waited = |i: usize| got[i + 1].at - got[i].at;
+    assert!(waited(1) >= Duration::from_millis(950), "{:?}", waited(1));
+    assert!(waited(2) >= Duration::from_millis(950), "{:?}", waited(2));
 }
