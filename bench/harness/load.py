@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -67,7 +68,7 @@ http {{
     uwsgi_temp_path {dir}/uwsgi;
     scgi_temp_path {dir}/scgi;
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         location / {{ return 204; }}
     }}
 }}
@@ -81,19 +82,54 @@ def nginx_binary() -> str:
     return path
 
 
-def start_nginx(ndir: Path, access_log: str = "access_log off;"):
+def start_nginx(ndir: Path, access_log: str = "access_log off;", tls: bool = False):
     """nginx `return 204` in the foreground on a free port, its files in `ndir`; the process
-    and the port."""
+    and the port. `tls`: https with HTTP/2 offered by ALPN, its certificate signed by a test
+    CA whose file is `ndir / "ca.pem"` (a client trusts it through SSL_CERT_FILE)."""
     ndir.mkdir()
     nport = free_port()
-    (ndir / "nginx.conf").write_text(NGINX_CONF.format(dir=ndir, port=nport,
+    listen = ""
+    if tls:
+        test_certificates(ndir)
+        listen = (f" ssl http2; ssl_certificate {ndir}/leaf.pem; "
+                  f"ssl_certificate_key {ndir}/leaf.key")
+    (ndir / "nginx.conf").write_text(NGINX_CONF.format(dir=ndir, port=nport, tls=listen,
                                                        access_log=access_log))
     with open(ndir / "stderr.log", "wb") as nerr:
         nginx = PROCS.start([nginx_binary(), "-p", ndir, "-e", ndir / "error.log", "-c",
                              ndir / "nginx.conf"], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=nerr)
-    wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30, time.perf_counter())
+    if tls:
+        wait_listening(nginx, nport, 30)
+    else:
+        wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30, time.perf_counter())
     return nginx, nport
+
+
+def test_certificates(ndir: Path) -> None:
+    """A test CA (ca.pem) and a certificate it signs for localhost (leaf.pem, leaf.key)."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=ndir)
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-subj", "/CN=bench CA", "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+            "-keyout", "leaf.key", "-out", "leaf.csr")
+    (ndir / "leaf.ext").write_text("subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n"
+                                   "extendedKeyUsage=serverAuth\n")
+    openssl("x509", "-req", "-in", "leaf.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "1", "-extfile", "leaf.ext", "-out", "leaf.pem")
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout: float) -> None:
+    end = time.perf_counter() + timeout
+    while time.perf_counter() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.01)
+    raise RuntimeError(f"{proc.args[0]}: nothing listens on {port} after {timeout:.0f} s")
 
 
 def nginx_anchor(work: Path, seconds: int) -> dict:

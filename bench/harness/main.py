@@ -25,7 +25,8 @@ from .machine import machine_info, measure_fsync
 from .procs import PROCS
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
 from .service import Service, trim_log, vm_hwm_mib, wait_ready
-from .webhooks import PAIRS, pick_median_pair, webhook_run, webhook_table
+from .webhooks import (PAIRS, RECEIVERS, pick_median_pair, webhook_run, webhook_table,
+                       webhook_targets, webhook_targets_table)
 
 MIN_ROWS = 1_000_000
 # Each deleting run gets its own id range. Service hit runs reached 26,000 deletes a second
@@ -111,7 +112,8 @@ def plan_ids(seconds: int) -> Plan:
     raw_span = seconds * RAW_IDS_PER_SECOND
     ids = {b: Ids() for b in BACKENDS}
     hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
-    hooked = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
+    hooked = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
+              for b in BACKENDS}
     beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
@@ -267,13 +269,15 @@ def measure_sqlite(b: Bench) -> None:
 
 
 def webhook_pairs(b: Bench, backend: str, url: str, db) -> None:
-    """PAIRS times a hit run at 64 connections, then one with an endpoint; the pair whose
-    ratio is the median is the one reported. One pair's ratio swung from 0.72 to 1.07 with
-    the same build within minutes (the disk's and the neighbours' pace drift), so one pair
-    alone can neither show nor rule out a change of a few percent."""
+    """PAIRS times a hit run at 64 connections, then one with an http endpoint and one with
+    an https endpoint; for each, the pair whose ratio is the median is the one reported. One
+    pair's ratio swung from 0.72 to 1.07 with the same build within minutes (the disk's and
+    the neighbours' pace drift), so one pair alone can neither show nor rule out a change of
+    a few percent."""
     for pair in range(PAIRS):
         service_run(b, backend, url, db, "hits", 64, beside=pair)
-        webhook_run(b, backend, url, db, pair)
+        for scheme in RECEIVERS:
+            webhook_run(b, backend, url, db, pair, scheme)
     pick_median_pair(b.R, backend)
 
 
@@ -317,12 +321,16 @@ def write_report(b: Bench) -> int:
     table = markdown_table(result_rows(R))
     ttable = targets_table(ts)
     wtable = webhook_table(R)
+    R["webhook_targets"] = wts = webhook_targets(R)
+    wttable = webhook_targets_table(wts)
     md = results_markdown(R, table, ttable) + (
         "\n## Deletion events\n\nHits at 64 connections with one webhook endpoint (nginx "
-        "`return 204`) beside the same without one; lag: a delete's commit to its receipt.\n\n"
-        + wtable + "\n")
+        "`return 204`, over http and over https with HTTP/2) beside the same without one; CPU "
+        "per delete: the service's own, until every event was delivered; lag: a delete's "
+        "commit to its receipt.\n\n" + wtable + "\n\n" + wttable + "\n")
     log("\n" + table + "\n")
     log(wtable + "\n")
+    log(wttable + "\n")
     log(ttable + "\n")
     (out_dir / "results.md").write_text(md)
     (out_dir / "results.json").write_text(json.dumps(R, indent=2, default=str) + "\n")

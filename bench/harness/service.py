@@ -40,7 +40,8 @@ class Service:
         )
         return res.stdout
 
-    def start(self, url: str, port: int, logfile: Path) -> subprocess.Popen:
+    def start(self, url: str, port: int, logfile: Path,
+              extra_env: dict | None = None) -> subprocess.Popen:
         out = open(logfile, "ab")
         try:
             return PROCS.start(
@@ -48,7 +49,7 @@ class Service:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=service_env(),
+                env={**service_env(), **(extra_env or {})},
                 cwd=self.work,
             )
         finally:
