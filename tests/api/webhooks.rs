@@ -317,8 +317,8 @@ async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backe
     assert!(endpoint["delivered_through"].is_i64(), "{endpoint}");
 }
 
-/// Requests that come together share a connection; a receiver that closes it after one
-/// answer gets the others again on new connections, each event once.
+/// A receiver that answers each request with `Connection: close` and closes: every
+/// request takes a new connection, and each event arrives once.
 async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: Backend) {
     let receiver = Receiver::start(&[], Reply::Closing(204)).await;
     let app = spawn(backend).await;
@@ -337,8 +337,7 @@ async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: B
     let ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
     let once: HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(once.len(), ids.len(), "an event came twice: {ids:?}");
-    // Once the receiver was seen to close, the events waiting for a connection of their
-    // own waited for one; none was sent where it could not be answered, and failed.
+    // No request was sent on a connection the receiver had said it would close.
     let pending = format!("plantstore_webhook_pending_events{{endpoint=\"{id}\"}}");
     let failed =
         format!("plantstore_webhook_deliveries_total{{endpoint=\"{id}\",result=\"failed\"}}");
