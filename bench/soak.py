@@ -1,20 +1,28 @@
 #!/usr/bin/env python3
-"""Soak: a long run of mixed hits, misses and 401s at 64 connections on each backend.
+"""Soak: a long run of mixed hits, misses and 401s at 64 connections on each backend, with
+one webhook endpoint receiving every delete's event.
 
 Start it through bench/soak (which builds and installs what is missing). For each backend it
 serves a fresh database under three concurrent wrk streams (4 connections deleting existing
 plants, 30 asking for missing ones with the token, 30 without a token) for SOAK_SECONDS
-(default 600), samples the service every 5 s, and fails unless:
+(default 600), with one webhook endpoint (nginx `return 204`, logging when each event came),
+samples the service every 5 s, and fails unless:
 - every answer was the expected one (204, 404, 401) and no socket error or timeout happened;
 - RSS at the end is less than 10 % above RSS after the warm-up (the first tenth of the run,
   at least 30 s);
-- open file descriptors and PostgreSQL connections stayed flat after the warm-up (within 4).
+- open file descriptors and PostgreSQL connections stayed flat after the warm-up (within 4;
+  file descriptors within 4 more than the endpoint's connections);
+- every delete's event reached the receiver, with a lag from its commit of at most 2 s at
+  the 99th percentile.
+It prints RSS at the first sample, after the warm-up, at its peak (VmHWM) and at the end.
 Never run by CI: it takes 2 x SOAK_SECONDS.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -29,6 +37,7 @@ from harness.databases import Postgres, Sqlite  # noqa: E402
 from harness.load import fmt_unexpected, run_wrk, unexpected  # noqa: E402
 from harness.procs import PROCS  # noqa: E402
 from harness.service import Service, proc_status_mib, trim_log, wait_ready  # noqa: E402
+from harness.webhooks import commit_times, start_receiver  # noqa: E402
 
 STREAMS = {"hit": 4, "miss": 30, "noauth": 30}
 EXPECT = {"hit": "204", "miss": "404", "noauth": "401"}
@@ -36,6 +45,12 @@ EXPECT = {"hit": "204", "miss": "404", "noauth": "401"}
 HIT_IDS_PER_SECOND = 8_000
 SAMPLE_S = 5.0
 FLAT = 4
+# The endpoint's connections come and go with delivery: one per request in flight over
+# HTTP/1.1, up to the service's 64 (src/webhooks/endpoint.rs), each closed after 2 s idle.
+# Open file descriptors may swing by that many on top of FLAT.
+WEBHOOK_CONNECTIONS = 64
+LAG_P99_LIMIT_S = 2.0
+DRAIN_S = 120
 
 
 def open_fds(pid: int) -> int | None:
@@ -75,10 +90,13 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
         sq.remove()
         url = sq.url
     rows = seconds * HIT_IDS_PER_SECOND
+    shutil.rmtree(work / f"receiver-soak-{backend}", ignore_errors=True)
+    receiver, rport, rdir = start_receiver(work, f"soak-{backend}", tls=False)
     try:
         svc.cli(url, "migrate")
         svc.cli(url, "seed", "--count", str(rows))
         token = svc.cli(url, "token", "create", "--name", "soak").strip().splitlines()[-1]
+        svc.cli(url, "webhooks", "add", f"http://127.0.0.1:{rport}/hooks")
         port = free_port()
         logfile = work / f"soak-{backend}.log"
         proc = svc.start(url, port, logfile)
@@ -97,13 +115,27 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
                 for mode, conns in STREAMS.items()
             }
             results = {mode: future.result() for mode, future in runs.items()}
+        ended = time.monotonic()
+        while pending(svc, url) > 0 and time.monotonic() - ended < DRAIN_S:
+            time.sleep(0.2)
+        drained_s = time.monotonic() - ended
         stop.set()
         watcher.join()
+        rss_peak = proc_status_mib(proc.pid, "VmHWM")
         PROCS.stop(proc)
+        PROCS.stop(receiver)
         trim_log(logfile)
+        committed = commit_times(pg if pg is not None else sq, 1, rows + 1)
     finally:
         if pg is not None:
             pg.drop()
+    received: dict[str, float] = {}
+    for line in (rdir / "access.log").read_text().splitlines():
+        at, hook = (line.split(" ") + [""])[:2]
+        if hook in committed and hook not in received:
+            received[hook] = float(at)
+    lags = sorted(received[h] - committed[h] for h in received)
+    lag_p99 = lags[min(len(lags) - 1, int(len(lags) * 0.99))] if lags else None
 
     ok = True
     print(f"\n## {backend}: {seconds} s, 64 connections (hits {STREAMS['hit']}, "
@@ -122,16 +154,28 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
     growth = (rss_end - rss_start) / rss_start * 100 if rss_start else 0.0
     fds = spread([s[2] for s in after])
     conns = spread([s[3] for s in after])
-    print(f"- RSS after warm-up {rss_start:.1f} MiB, at the end {rss_end:.1f} MiB: "
-          f"{growth:+.1f} % (limit +10 %)")
-    print(f"- open fds after warm-up: {min(s[2] for s in after)}-{max(s[2] for s in after)} "
-          f"(spread {fds}, limit {FLAT})")
+    print(f"- RSS at the first sample {samples[0][1]:.1f} MiB, after warm-up {rss_start:.1f} MiB, "
+          f"peak {rss_peak:.1f} MiB, at the end {rss_end:.1f} MiB: {growth:+.1f} % after "
+          f"warm-up (limit +10 %)")
+    print(f"- deletion events: {len(received):,} of {len(committed):,} received; lag p99 "
+          f"{lag_p99:.3f} s (limit {LAG_P99_LIMIT_S} s), max {lags[-1]:.3f} s; pending drained "
+          f"{drained_s:.1f} s after the load" if lags else "- deletion events: none received")
+    ok &= bool(lags) and len(received) == len(committed) and lag_p99 <= LAG_P99_LIMIT_S
+    print(f"- open fds after warm-up: {min(s[2] for s in after)}-{max(s[2] for s in after)}, "
+          f"first {after[0][2]}, last {after[-1][2]} "
+          f"(spread {fds}, limit {FLAT + WEBHOOK_CONNECTIONS}: {FLAT} and the endpoint's "
+          f"{WEBHOOK_CONNECTIONS} connections at most)")
     if pg is not None:
         print(f"- PostgreSQL connections after warm-up: spread {conns} (limit {FLAT}), "
               f"max {max(s[3] for s in after)}")
-    ok &= growth < 10.0 and fds <= FLAT and conns <= FLAT
+    ok &= growth < 10.0 and fds <= FLAT + WEBHOOK_CONNECTIONS and conns <= FLAT
     print(f"- {'OK' if ok else 'FAIL'}")
     return ok
+
+
+def pending(svc: Service, url: str) -> int:
+    listed = json.loads(svc.cli(url, "webhooks", "list", "--json"))
+    return sum(e["pending"] for e in listed)
 
 
 def main() -> int:
