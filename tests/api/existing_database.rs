@@ -127,7 +127,8 @@ async fn an_existing_plants_table_is_kept_and_foreign_keys_give_409(backend: Bac
 async fn with_migrate_off_an_existing_schema_is_used_as_it_is(backend: Backend) {
     let db = TestDb::new(backend).await;
     db.execute(OWNER_SCHEMA).await;
-    // The service's own tables come from one `plantstore migrate`, as the README says.
+    // The service's own tables come from one `plantstore migrate`, as
+    // docs/existing-database.md says.
     plantstore::database::open(&test_config(&db.url))
         .await
         .expect("migrate")
