@@ -11,7 +11,7 @@ use crate::{
     config::Config,
     database,
     http::{self, ClientLimits, Documents, HttpOptions},
-    state::AppState,
+    state::{AppState, Services},
     telemetry::Metrics,
     webhooks::{self, Backoff, CommitSignal, Deliveries},
 };
@@ -62,9 +62,14 @@ impl Application {
             signal.clone(),
             address,
         )?;
-        let mut state =
-            AppState::new(store, rate_limiter, config.serve.request_timeout, metrics).with_jwt(jwt);
-        state.commit_signal = signal;
+        let state = AppState::new(Services {
+            store,
+            rate_limiter,
+            request_timeout: config.serve.request_timeout,
+            metrics,
+            jwt,
+            commit_signal: signal,
+        });
         Ok(Self {
             acceptor,
             address,
@@ -179,16 +184,7 @@ fn deliveries(
     address: SocketAddr,
 ) -> anyhow::Result<Deliveries> {
     let settings = &config.serve.webhooks;
-    if settings.webhook_retry_min.is_zero()
-        || settings.webhook_retry_min > settings.webhook_retry_max
-    {
-        anyhow::bail!(
-            "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX"
-        );
-    }
-    if settings.webhook_timeout.is_zero() {
-        anyhow::bail!("PLANTSTORE_WEBHOOK_TIMEOUT must be above zero");
-    }
+    settings.check().map_err(anyhow::Error::msg)?;
     Ok(Deliveries::new(
         store,
         webhooks::Settings {

@@ -46,13 +46,27 @@ impl Draining {
     }
 }
 
+/// What the request path is given at start; `AppState` is made from it in one step.
+pub struct Services {
+    pub store: Arc<dyn Store>,
+    pub rate_limiter: Option<Arc<RateLimiter>>,
+    pub request_timeout: Duration,
+    pub metrics: Arc<Metrics>,
+    /// JWTs checked beside the service's own tokens, when the settings name a key source.
+    pub jwt: Option<Arc<JwtVerifier>>,
+    pub commit_signal: CommitSignal,
+}
+
 impl AppState {
-    pub fn new(
-        store: Arc<dyn Store>,
-        rate_limiter: Option<Arc<RateLimiter>>,
-        request_timeout: Duration,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+    pub fn new(services: Services) -> Self {
+        let Services {
+            store,
+            rate_limiter,
+            request_timeout,
+            metrics,
+            jwt,
+            commit_signal,
+        } = services;
         store.observe(metrics.batch_sizes());
         Self {
             tokens: TokenCache::new(Arc::clone(&store)),
@@ -60,15 +74,9 @@ impl AppState {
             rate_limiter,
             request_timeout,
             metrics,
-            jwt: None,
+            jwt,
             draining: Draining::default(),
-            commit_signal: CommitSignal::default(),
+            commit_signal,
         }
-    }
-
-    /// Accepts JWTs checked by `jwt` beside the service's own tokens.
-    pub fn with_jwt(mut self, jwt: Option<Arc<JwtVerifier>>) -> Self {
-        self.jwt = jwt;
-        self
     }
 }

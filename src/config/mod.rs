@@ -54,6 +54,20 @@ pub struct Config {
     pub serve: ServeConfig,
 }
 
+impl Config {
+    /// Every setting at its default, whatever the environment says: what the binary runs
+    /// with when nothing is set, for tests and tools that build a config of their own.
+    pub fn defaults() -> Self {
+        use clap::{Args, FromArgMatches};
+        let command = Self::augment_args(clap::Command::new("plantstore"))
+            .mut_args(|arg| arg.env(None::<&str>));
+        let matches = command.get_matches_from(["plantstore"]);
+        // The defaults are literals of this module, so they parse; a test of this module
+        // says so.
+        Self::from_arg_matches(&matches).unwrap_or_else(|err| panic!("a default is invalid: {err}"))
+    }
+}
+
 /// The settings only the server reads, given to `serve` (or with no command at all).
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Server options")]
@@ -154,6 +168,22 @@ pub struct WebhookConfig {
     pub webhook_retry_max: Duration,
 }
 
+impl WebhookConfig {
+    /// Whether the settings can be delivered with, in one line naming what to change.
+    pub fn check(&self) -> Result<(), String> {
+        if self.webhook_retry_min.is_zero() || self.webhook_retry_min > self.webhook_retry_max {
+            return Err(
+                "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX"
+                    .into(),
+            );
+        }
+        if self.webhook_timeout.is_zero() {
+            return Err("PLANTSTORE_WEBHOOK_TIMEOUT must be above zero".into());
+        }
+        Ok(())
+    }
+}
+
 /// JWT bearer tokens from an identity provider, beside the service's own tokens: one key
 /// source (a shared secret, a public key, or a JWKS URL) and the claims every JWT must
 /// carry. With no key source, only the service's own tokens are accepted.
@@ -202,5 +232,31 @@ impl JwtConfig {
             jwt_audience: text(&self.jwt_audience),
             jwt_required_scope: text(&self.jwt_required_scope),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_parse_and_are_what_the_docs_say() {
+        let config = Config::defaults();
+        assert_eq!(config.serve.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.serve.request_timeout, Duration::from_secs(5));
+        assert_eq!(
+            config.serve.webhooks.webhook_retry_max,
+            Duration::from_secs(3600)
+        );
+        assert!(config.serve.webhooks.check().is_ok());
+    }
+
+    #[test]
+    fn webhook_retry_bounds_are_checked() {
+        let mut webhooks = Config::defaults().serve.webhooks;
+        webhooks.webhook_retry_min = Duration::from_secs(7200);
+        assert!(webhooks.check().is_err_and(|err| err.contains("RETRY_MIN")));
+        webhooks.webhook_retry_min = Duration::ZERO;
+        assert!(webhooks.check().is_err());
     }
 }

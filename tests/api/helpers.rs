@@ -7,10 +7,7 @@ use std::{
 };
 
 pub use plantstore::config::AdminListen;
-use plantstore::{
-    config::{Config, CorsOrigins, LogFormat, RateLimit, ServeConfig, WebhookConfig},
-    startup::Application,
-};
+use plantstore::{config::Config, startup::Application};
 use reqwest::{Response, StatusCode, header};
 use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool, SqlitePool};
@@ -252,35 +249,16 @@ fn with_database(admin: &str, name: &str) -> String {
 
 /// Settings as a user would have them, but on a free port and with short waits.
 pub fn test_config(database_url: &str) -> Config {
+    let mut config = Config::defaults();
     let Ok(database_url) = database_url.parse();
-    Config {
-        database_url,
-        migrate: true,
-        log_filter: "info".into(),
-        log_format: LogFormat::Text,
-        db_acquire_timeout: Duration::from_millis(1500),
-        db_max_connections: 5,
-        serve: ServeConfig {
-            listen: "127.0.0.1:0".parse().expect("address"),
-            shutdown_grace: Duration::from_secs(1),
-            shutdown_delay: Duration::ZERO,
-            request_timeout: Duration::from_secs(10),
-            idle_timeout: Duration::from_secs(60),
-            header_timeout: Duration::from_secs(10),
-            max_connections: 1024,
-            rate_limit: RateLimit(None),
-            otlp_endpoint: None,
-            jwt: Default::default(),
-            idempotency_ttl: Duration::from_secs(24 * 3600),
-            cors_allowed_origins: CorsOrigins::Off,
-            admin_listen: AdminListen(None),
-            webhooks: WebhookConfig {
-                webhook_timeout: Duration::from_secs(10),
-                webhook_retry_min: Duration::from_secs(1),
-                webhook_retry_max: Duration::from_secs(3600),
-            },
-        },
-    }
+    config.database_url = database_url;
+    // A short wait for a connection, and few of them: many tests run at once.
+    config.db_acquire_timeout = Duration::from_millis(1500);
+    config.db_max_connections = 5;
+    config.serve.listen = "127.0.0.1:0".parse().expect("address");
+    config.serve.shutdown_grace = Duration::from_secs(1);
+    config.serve.request_timeout = Duration::from_secs(10);
+    config
 }
 
 /// The real app, served on a free port in this test's runtime.
