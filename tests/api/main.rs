@@ -24,6 +24,7 @@ mod metrics;
 mod ops;
 mod outage;
 mod pg_server;
+mod reference;
 mod routing;
 mod scale_out;
 mod security;
