@@ -61,25 +61,23 @@ pub enum WebhooksCommand {
 pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::Result<()> {
     match command {
         WebhooksCommand::Add { url, events, http2 } => {
-            let url = endpoint_url(&url)?;
-            let events = event_list(&events)?;
-            let secret = new_secret();
             let endpoint = NewEndpoint {
-                url: url.clone(),
-                events: events.clone(),
-                secret: secret.clone(),
+                url: endpoint_url(&url)?,
+                events: event_list(&events)?,
+                secret: new_secret(),
                 http2,
             };
             let id = match store.add_endpoint(&endpoint).await {
                 Err(StoreError::Duplicate) => {
-                    bail!("an endpoint with the URL {url} exists already")
+                    bail!("an endpoint with the URL {} exists already", endpoint.url)
                 }
                 added => added?,
             };
             out!(
-                "added webhook endpoint {id} for {events}; its signing secret, shown only this once:"
+                "added webhook endpoint {id} for {}; its signing secret, shown only this once:",
+                endpoint.events
             );
-            out!("{secret}");
+            out!("{}", endpoint.secret);
         }
         WebhooksCommand::List { json } => {
             let endpoints = store.list_endpoints().await?;

@@ -7,11 +7,12 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use plantstore_store::{Event, EventKind};
 use reqwest::{
     Client, StatusCode, Url,
-    header::{self, HeaderMap, HeaderValue},
+    header::{self, HeaderMap},
 };
 use serde_json::value::RawValue;
 
 use super::signature::Signer;
+use crate::telemetry::one_line;
 
 /// The most of an answer's body read: enough to keep the connection for the next request
 /// after a receiver's usual short reply, and no more of a long one (its connection is
@@ -54,9 +55,9 @@ pub(super) struct Destination {
 
 struct Target {
     client: Client,
-    /// Without credentials: those go in `authorization`.
+    /// As stored, less any fragment. Credentials in it (`https://user:pass@…`) are taken
+    /// out of each request by reqwest and sent as HTTP Basic, as browsers and curl do.
     url: Url,
-    authorization: Option<HeaderValue>,
 }
 
 impl Destination {
@@ -83,7 +84,7 @@ impl Destination {
             Ok(signature) => signature,
             Err(error) => return Attempt::failed(error),
         };
-        let mut request = target
+        let request = target
             .client
             .post(target.url.clone())
             .header(header::CONTENT_TYPE, "application/json")
@@ -91,9 +92,6 @@ impl Destination {
             .header("webhook-timestamp", timestamp)
             .header("webhook-signature", signature)
             .body(body);
-        if let Some(authorization) = &target.authorization {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
-        }
         let mut response = match request.send().await {
             Ok(response) => response,
             Err(err) => return Attempt::failed(describe(err)),
@@ -127,10 +125,6 @@ impl Target {
         if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
             return Err(unusable("not http or https with a host"));
         }
-        let authorization = basic_authorization(&url);
-        // Cannot fail for an http(s) URL with a host.
-        let _ = url.set_username("");
-        let _ = url.set_password(None);
         url.set_fragment(None);
         // HTTP(S)_PROXY and NO_PROXY are read from the environment, as for the JWKS.
         let mut client = Client::builder()
@@ -146,34 +140,8 @@ impl Target {
         let client = client
             .build()
             .map_err(|err| format!("cannot make an HTTP client: {}", describe(err)))?;
-        Ok(Self {
-            client,
-            url,
-            authorization,
-        })
+        Ok(Self { client, url })
     }
-}
-
-/// Credentials in the URL, sent as Basic, as browsers and curl send them.
-fn basic_authorization(url: &Url) -> Option<HeaderValue> {
-    use base64::Engine as _;
-    if url.username().is_empty() && url.password().is_none() {
-        return None;
-    }
-    let decode = |text: &str| {
-        percent_encoding::percent_decode_str(text)
-            .decode_utf8_lossy()
-            .into_owned()
-    };
-    let pair = format!(
-        "{}:{}",
-        decode(url.username()),
-        decode(url.password().unwrap_or_default())
-    );
-    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
-    let mut value = HeaderValue::try_from(format!("Basic {encoded}")).ok()?;
-    value.set_sensitive(true);
-    Some(value)
 }
 
 /// A failed request in a line an operator can act on, without the URL (it may hold a
@@ -189,25 +157,18 @@ fn describe(err: reqwest::Error) -> String {
     }
     // reqwest's own line is general ("error sending request"); the cause is at the end
     // of its chain ("Connection refused (os error 111)").
-    let mut line = err.to_string();
-    let mut source = std::error::Error::source(&err);
-    while let Some(cause) = source {
-        line.push_str(": ");
-        line.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    line
+    one_line(&err)
 }
 
-/// `Retry-After` in seconds or as an HTTP date, as a wait from `now`.
+/// `Retry-After` in seconds or as an HTTP date (any of the three forms RFC 9110 has
+/// recipients accept), as a wait from `now`.
 fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
     let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = text.parse::<u64>() {
         return Some(Duration::from_secs(seconds));
     }
-    // The IMF-fixdate servers send ("Sun, 06 Nov 1994 08:49:37 GMT") is RFC 2822's form.
-    let at = DateTime::parse_from_rfc2822(text).ok()?;
-    Some((at.with_timezone(&Utc) - now).to_std().unwrap_or_default())
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now.into()).unwrap_or_default())
 }
 
 const USER_AGENT: &str = concat!("plantstore/", env!("CARGO_PKG_VERSION"));
@@ -272,6 +233,8 @@ fn time(at: DateTime<Utc>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use reqwest::header::HeaderValue;
+
     use super::*;
 
     #[test]
@@ -282,10 +245,15 @@ mod tests {
             Duration::from_secs(1),
         )
         .expect("a usable URL");
-        assert_eq!(target.url.as_str(), "https://hooks.example:8443/in?x=1");
+        let request = target
+            .client
+            .post(target.url.clone())
+            .build()
+            .expect("a request");
+        assert_eq!(request.url().as_str(), "https://hooks.example:8443/in?x=1");
         // base64 of "user:p@ss"
         assert_eq!(
-            target.authorization.expect("credentials"),
+            request.headers()[header::AUTHORIZATION],
             "Basic dXNlcjpwQHNz"
         );
     }

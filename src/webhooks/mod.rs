@@ -154,13 +154,15 @@ impl Deliveries {
             }
             // Stop what is no longer ours, has ended, or is not the row it started with
             // (removed, replayed, enabled again); a new secret is followed where it runs.
-            running.retain(|id, task| {
-                !task.task.is_finished()
-                    && leases
-                        .iter()
-                        .find(|lease| lease.endpoint == *id)
-                        .is_some_and(|lease| task.follows(lease))
-            });
+            running.retain(
+                |id, task| match leases.iter().find(|lease| lease.endpoint == *id) {
+                    Some(lease) if !task.task.is_finished() && task.started_as(lease) => {
+                        task.follow_secret(&lease.signing);
+                        true
+                    }
+                    _ => false,
+                },
+            );
             for lease in leases {
                 if running.contains_key(&lease.endpoint) {
                     continue;
@@ -231,26 +233,22 @@ struct Running {
 }
 
 impl Running {
-    /// Whether the task may go on delivering as `lease` now has the endpoint: the same
-    /// endpoint (ids are never reused), URL, event types and generation. A new secret is
-    /// handed to it rather than starting over, which would repeat what it sent since it
-    /// last saved.
-    fn follows(&self, lease: &Lease) -> bool {
+    /// Whether `lease` is the row the task started with: the same endpoint (ids are never
+    /// reused), URL, event types and generation.
+    fn started_as(&self, lease: &Lease) -> bool {
         let started = &self.started;
-        let same = started.url == lease.url
+        started.url == lease.url
             && started.events == lease.events
             && started.http2 == lease.http2
-            && started.generation == lease.generation;
-        if same {
-            self.signing.send_if_modified(|signing| {
-                let changed = *signing != lease.signing;
-                if changed {
-                    signing.clone_from(&lease.signing);
-                }
-                changed
-            });
+            && started.generation == lease.generation
+    }
+
+    /// Hands a new secret to the running task, rather than starting it over, which would
+    /// repeat what it sent since it last saved.
+    fn follow_secret(&self, signing: &Signing) {
+        if *self.signing.borrow() != *signing {
+            self.signing.send_replace(signing.clone());
         }
-        same
     }
 }
 
