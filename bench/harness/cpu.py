@@ -64,7 +64,7 @@ def shares(before: dict, after: dict) -> dict:
         "idle_pct": pct(after["idle"] - before["idle"]),
         "service_pct": pct(sum(threads.values())),
         "service_s": sum(threads.values()) / os.sysconf("SC_CLK_TCK"),
-        "posting_pct": pct(threads.get("webhook-sending", 0)),
+        "sending_pct": pct(threads.get("webhook-sending", 0)),
         "receiver_pct": pct(after["receiver"] - before["receiver"]),
         "cores": os.cpu_count(),
     }

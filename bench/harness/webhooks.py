@@ -138,7 +138,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
         log(f"  CPU, % of the machine during wrk: idle {fmt(c['idle_pct'], 1)} (without an endpoint "
             f"{fmt(c0.get('idle_pct'), 1)}), service {fmt(c['service_pct'], 1)} (without "
             f"{fmt(c0.get('service_pct'), 1)}), of it the sending thread "
-            f"{fmt(c['posting_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
+            f"{fmt(c['sending_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
     d["check"] = v = verify_hits(db, lo, hi, before, d)
     b.note_check(f"{backend} hits+webhook {pair + 1} c={CONNS}", v, describe_hits_check)
     if d["received"] != d["events"]:
@@ -197,7 +197,7 @@ def webhook_table(R: dict) -> str:
                     f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "
                     f"{d['received']:,} of {d['events']:,} | "
                     f"{pct(d.get('without_idle_pct'))} / {pct(c.get('idle_pct'))} | "
-                    f"{pct(c.get('posting_pct'))} | {pct(c.get('receiver_pct'))} |")
+                    f"{pct(c.get('sending_pct'))} | {pct(c.get('receiver_pct'))} |")
     return "\n".join(rows)
 
 
