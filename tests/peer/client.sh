@@ -2,18 +2,21 @@
 # A client generated from the served document by a well-known generator
 # (openapi-python-client, from PyPI) deletes a plant, reads the 404 and 401 Error bodies
 # as its own typed model, and the SQLite file shows the deletion. Needs
-# target/debug/plantstore (`cargo test` builds it). Run by .ci/run after `cargo test`.
+# target/debug/plantstore (`cargo test` builds it). Run by .ci/run after `cargo test`;
+# `--install-only` installs the generator and stops (.ci/run does that early, beside the
+# compiles).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 venv="${CLIENT_VENV:-target/client-venv}"
-work="$(mktemp -d)"
-source tests/peer/server.sh
-trap 'stop_server; rm -rf "$work"' EXIT
 if [ ! -x "$venv/bin/openapi-python-client" ] || [ ! -x "$venv/bin/ruff" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q 'openapi-python-client==0.29.1' 'ruff==0.17.6'
 fi
+[ "${1:-}" != --install-only ] || exit 0
+work="$(mktemp -d)"
+source tests/peer/server.sh
+trap 'stop_server; rm -rf "$work"' EXIT
 
 db="$work/client.db"
 start_server generated-client "sqlite://$db?mode=rwc" 2

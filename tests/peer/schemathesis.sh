@@ -3,19 +3,21 @@
 # running server's own /openapi.json, with a valid token, on SQLite and on PostgreSQL, and
 # fails unless each backend got at least 1,000 generated cases and none failed.
 # Needs target/debug/plantstore (`cargo test` builds it) and the PostgreSQL server of
-# PLANTSTORE_TEST_POSTGRES_URL. Run by .ci/run after `cargo test`.
+# PLANTSTORE_TEST_POSTGRES_URL. Run by .ci/run after `cargo test`; `--install-only`
+# installs schemathesis and stops (.ci/run does that early, beside the compiles).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 venv="${SCHEMATHESIS_VENV:-target/schemathesis-venv}"
-admin="${PLANTSTORE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
-min_cases=1000
-work="$(mktemp -d)"
-source tests/peer/server.sh
 if [ ! -x "$venv/bin/st" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q 'schemathesis==4.32.5'
 fi
+[ "${1:-}" != --install-only ] || exit 0
+admin="${PLANTSTORE_TEST_POSTGRES_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+min_cases=1000
+work="$(mktemp -d)"
+source tests/peer/server.sh
 
 pg_db="plantstore_schemathesis_$$"
 cleanup() {
