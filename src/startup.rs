@@ -1,19 +1,19 @@
 //! Start and stop: open the database, bind, serve, shut down gracefully.
 
-use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use anyhow::Context;
 use poem::listener::{Acceptor, Listener, TcpAcceptor, TcpListener};
 use tokio::sync::watch;
 
 use crate::{
-    auth::{jwt::JwtVerifier, rate_limit::RateLimiter, tokens},
-    config::Config,
+    auth::{jwt::JwtVerifier, tokens},
+    config::{Config, ServeConfig},
     database,
-    http::{self, ClientLimits, Documents, HttpOptions},
-    state::{AppState, Services},
+    http::{self, Documents},
+    state::AppState,
     telemetry::Metrics,
-    webhooks::{self, Backoff, CommitSignal, Deliveries},
+    webhooks::Deliveries,
 };
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
@@ -23,13 +23,10 @@ pub struct Application {
     address: SocketAddr,
     /// `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints' own listener, when set.
     admin: Option<(TcpAcceptor, SocketAddr)>,
-    http: HttpOptions,
+    documents: Documents,
+    config: ServeConfig,
     state: AppState,
     initial_token: Option<String>,
-    shutdown_grace: Duration,
-    /// `PLANTSTORE_SHUTDOWN_DELAY`: how long to drain before the servers stop.
-    shutdown_delay: Duration,
-    client_limits: ClientLimits,
     deliveries: Deliveries,
 }
 
@@ -47,47 +44,23 @@ impl Application {
         let initial_token = tokens::ensure_initial(store.as_ref())
             .await
             .context("cannot create the initial token")?;
-        let rate_limiter = config
-            .serve
-            .rate_limit
-            .0
-            .map(|rate| Arc::new(RateLimiter::new(rate)));
         let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
-        let signal = CommitSignal::default();
-        let deliveries = deliveries(
-            config,
+        let deliveries = Deliveries::new(
             Arc::clone(&store),
+            &config.serve.webhooks,
             Arc::clone(&metrics),
-            signal.clone(),
-            address,
-        )?;
-        let state = AppState::new(Services {
-            store,
-            rate_limiter,
-            request_timeout: config.serve.request_timeout,
-            metrics,
-            jwt,
-            commit_signal: signal,
-        });
+            lease_owner(address),
+        );
+        let state = AppState::new(store, &config.serve, metrics, jwt);
         Ok(Self {
             acceptor,
             address,
-            http: HttpOptions {
-                documents,
-                cors: config.serve.cors_allowed_origins.clone(),
-                ops_on_admin_port: admin.is_some(),
-            },
             admin,
+            documents,
+            config: config.serve.clone(),
             state,
             initial_token,
-            shutdown_grace: config.serve.shutdown_grace,
-            shutdown_delay: config.serve.shutdown_delay,
-            client_limits: ClientLimits {
-                max_open: config.serve.max_connections as usize,
-                idle_timeout: config.serve.idle_timeout,
-                header_timeout: config.serve.header_timeout,
-            },
             deliveries,
         })
     }
@@ -117,7 +90,7 @@ impl Application {
     ) -> std::io::Result<()> {
         let store = Arc::clone(&self.state.store);
         let draining = self.state.draining.clone();
-        let delay = self.shutdown_delay;
+        let delay = self.config.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
         let (halt, halted) = tokio::sync::oneshot::channel::<()>();
         let deliveries = tokio::spawn(self.deliveries.run(async {
@@ -133,17 +106,16 @@ impl Application {
         };
         let public = http::serve(
             self.acceptor,
-            self.client_limits,
             self.state.clone(),
-            &self.http,
+            &self.documents,
+            &self.config,
             when_stopped(),
-            self.shutdown_grace,
         );
         let admin = async {
             let Some((acceptor, _)) = self.admin else {
                 return Ok(());
             };
-            http::serve_admin(acceptor, self.state, when_stopped(), self.shutdown_grace).await
+            http::serve_admin(acceptor, self.state, &self.config, when_stopped()).await
         };
         let servers = async { tokio::try_join!(public, admin).map(drop) };
         tokio::pin!(servers);
@@ -173,31 +145,6 @@ impl Application {
         store.close().await;
         served
     }
-}
-
-/// Webhook delivery as the settings say, woken by this instance's deletes.
-fn deliveries(
-    config: &Config,
-    store: Arc<dyn plantstore_store::Store>,
-    metrics: Arc<Metrics>,
-    signal: CommitSignal,
-    address: SocketAddr,
-) -> anyhow::Result<Deliveries> {
-    let settings = &config.serve.webhooks;
-    settings.check().map_err(anyhow::Error::msg)?;
-    Ok(Deliveries::new(
-        store,
-        webhooks::Settings {
-            timeout: settings.webhook_timeout,
-            backoff: Backoff {
-                min: settings.webhook_retry_min,
-                max: settings.webhook_retry_max,
-            },
-        },
-        metrics,
-        signal,
-        lease_owner(address),
-    ))
 }
 
 /// This instance's name in webhook leases: its host and the address it serves on, which

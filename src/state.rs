@@ -12,8 +12,8 @@ use plantstore_store::Store;
 
 use crate::{
     auth::{TokenCache, jwt::JwtVerifier, rate_limit::RateLimiter},
+    config::ServeConfig,
     telemetry::Metrics,
-    webhooks::CommitSignal,
 };
 
 #[derive(Clone)]
@@ -27,8 +27,6 @@ pub struct AppState {
     /// JWTs from an identity provider, when the settings name one.
     pub jwt: Option<Arc<JwtVerifier>>,
     pub draining: Draining,
-    /// Raised after each committed delete, for this instance's webhook deliveries.
-    pub commit_signal: CommitSignal,
 }
 
 /// Set once a shutdown is asked for: the instance still serves, but tells load balancers
@@ -46,37 +44,27 @@ impl Draining {
     }
 }
 
-/// What the request path is given at start; `AppState` is made from it in one step.
-pub struct Services {
-    pub store: Arc<dyn Store>,
-    pub rate_limiter: Option<Arc<RateLimiter>>,
-    pub request_timeout: Duration,
-    pub metrics: Arc<Metrics>,
-    /// JWTs checked beside the service's own tokens, when the settings name a key source.
-    pub jwt: Option<Arc<JwtVerifier>>,
-    pub commit_signal: CommitSignal,
-}
-
 impl AppState {
-    pub fn new(services: Services) -> Self {
-        let Services {
-            store,
-            rate_limiter,
-            request_timeout,
-            metrics,
-            jwt,
-            commit_signal,
-        } = services;
+    /// `jwt`: JWTs checked beside the service's own tokens, when the settings name a key
+    /// source.
+    pub fn new(
+        store: Arc<dyn Store>,
+        config: &ServeConfig,
+        metrics: Arc<Metrics>,
+        jwt: Option<Arc<JwtVerifier>>,
+    ) -> Self {
         store.observe(metrics.batch_sizes());
         Self {
             tokens: TokenCache::new(Arc::clone(&store)),
             store,
-            rate_limiter,
-            request_timeout,
+            rate_limiter: config
+                .rate_limit
+                .0
+                .map(|rate| Arc::new(RateLimiter::new(rate))),
+            request_timeout: config.request_timeout,
             metrics,
             jwt,
             draining: Draining::default(),
-            commit_signal,
         }
     }
 }

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plantstore::http::head::{HeadScanner, Verdict};
+use plantstore::http::head::{HeadScanner, HeadVerdict};
 
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Input {
@@ -20,7 +20,7 @@ fn scan(
     bytes: &[u8],
     sizes: &mut dyn Iterator<Item = usize>,
     answer_at: Option<usize>,
-) -> (Verdict, usize, bool, bool) {
+) -> (HeadVerdict, usize, bool, bool) {
     let mut scanner = HeadScanner::default();
     let mut at = 0;
     let mut reads = 0;
@@ -32,7 +32,7 @@ fn scan(
             .min(bytes.len() - at);
         let end = at + size;
         let verdict = scanner.feed(&bytes[at..end]);
-        if verdict != Verdict::Fine {
+        if verdict != HeadVerdict::WithinLimits {
             return (verdict, end, false, false);
         }
         if answer_at == Some(reads) {
@@ -42,7 +42,7 @@ fn scan(
         at = end;
     }
     (
-        Verdict::Fine,
+        HeadVerdict::WithinLimits,
         at,
         scanner.in_head(),
         scanner.awaiting_head(),
@@ -74,7 +74,7 @@ fuzz_target!(|input: Input| {
         whole, split,
         "the verdict depends on how the bytes were split"
     );
-    if whole == Verdict::Fine {
+    if whole == HeadVerdict::WithinLimits {
         assert_eq!((whole_in_head, whole_awaiting), (in_head, awaiting));
         assert_eq!((split_in_head, split_awaiting), (in_head, awaiting));
     } else {

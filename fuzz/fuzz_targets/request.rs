@@ -7,7 +7,6 @@
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, LazyLock, Mutex},
-    time::Duration,
 };
 
 use clap::Parser;
@@ -15,9 +14,8 @@ use libfuzzer_sys::fuzz_target;
 use plantstore::{
     auth::tokens,
     cli::Cli,
-    config::CorsOrigins,
     database,
-    http::{self, Documents, HttpOptions, idempotency_key},
+    http::{self, Documents, idempotency_key},
     state::AppState,
     telemetry::Metrics,
 };
@@ -57,13 +55,12 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
             .await
             .expect("a token");
         let metrics = Arc::new(Metrics::new().expect("metrics"));
-        let state = AppState::new(store, None, Duration::from_secs(5), metrics);
-        let options = HttpOptions {
-            documents: Documents::render().expect("the document renders"),
-            cors: CorsOrigins::Off,
-            ops_on_admin_port: false,
-        };
-        (http::build(state, &options).boxed(), token)
+        let state = AppState::new(store, &cli.config.serve, metrics, None);
+        let documents = Documents::render().expect("the document renders");
+        (
+            http::build(state, &documents, &cli.config.serve).boxed(),
+            token,
+        )
     });
     Service {
         runtime,

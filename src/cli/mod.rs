@@ -98,17 +98,30 @@ impl Cli {
                 }
             }
         }
-        Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+        let cli = Self::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
+        cli.serve_config()
+            .check()
+            .map_err(|message| command.error(ErrorKind::ValueValidation, message))?;
+        Ok(cli)
+    }
+
+    /// The server's settings: after `serve`, or standing alone.
+    fn serve_config(&self) -> &ServeConfig {
+        match &self.command {
+            Some(Command::Serve(serve)) => serve.as_ref(),
+            _ => &self.config.serve,
+        }
     }
 
     /// Where spans go: only the server exports them.
     pub fn otlp_endpoint(&self) -> Option<&str> {
-        let serve = match &self.command {
-            None => &self.config.serve,
-            Some(Command::Serve(serve)) => serve.as_ref(),
-            Some(_) => return None,
-        };
-        serve.otlp_endpoint.as_deref().filter(|url| !url.is_empty())
+        if !matches!(self.command, None | Some(Command::Serve(_))) {
+            return None;
+        }
+        self.serve_config()
+            .otlp_endpoint
+            .as_deref()
+            .filter(|url| !url.is_empty())
     }
 
     pub async fn run(self) -> anyhow::Result<()> {

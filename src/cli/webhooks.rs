@@ -4,12 +4,12 @@
 use anyhow::{Context, bail};
 use chrono::{DateTime, SecondsFormat, Utc};
 use clap::Subcommand;
-use plantstore_store::{EndpointRecord, EventKind, NewEndpoint, ReplayOutcome, Store, StoreError};
+use plantstore_store::{
+    EndpointRecord, EventKind, EventKinds, NewEndpoint, ReplayOutcome, Store, StoreError,
+};
 
 use super::output::out;
 use crate::webhooks::signature::new_secret;
-
-const EVENT_KINDS: [EventKind; 2] = [EventKind::Deleted, EventKind::Restored];
 
 #[derive(Debug, Subcommand)]
 pub enum WebhooksCommand {
@@ -63,7 +63,7 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
         WebhooksCommand::Add { url, events, http2 } => {
             let endpoint = NewEndpoint {
                 url: endpoint_url(&url)?,
-                events: event_list(&events)?,
+                events: event_kinds(&events)?,
                 secret: new_secret(),
                 http2,
             };
@@ -75,7 +75,7 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             };
             out!(
                 "added webhook endpoint {id} for {}; its signing secret, shown only this once:",
-                endpoint.events
+                names(&endpoint.events).join(",")
             );
             out!("{}", endpoint.secret);
         }
@@ -150,30 +150,26 @@ fn endpoint_url(text: &str) -> anyhow::Result<String> {
     Ok(url.to_string())
 }
 
-/// The event types named, each once, in the order of `EVENT_KINDS`.
-fn event_list(text: &str) -> anyhow::Result<String> {
-    let asked: Vec<&str> = text
+/// The event types a comma list names.
+fn event_kinds(text: &str) -> anyhow::Result<EventKinds> {
+    let chosen = text
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .collect();
-    if let Some(unknown) = asked
-        .iter()
-        .find(|name| !EVENT_KINDS.iter().any(|kind| kind.name() == **name))
-    {
-        bail!(
-            "unknown event type '{unknown}': use plant.deleted, plant.restored or both, comma-separated"
-        );
-    }
-    let chosen: Vec<&str> = EVENT_KINDS
-        .iter()
-        .map(|kind| kind.name())
-        .filter(|name| asked.contains(name))
-        .collect();
+        .map(|name| {
+            EventKind::from_name(name).with_context(|| {
+                format!("unknown event type '{name}': use plant.deleted, plant.restored or both, comma-separated")
+            })
+        })
+        .collect::<anyhow::Result<EventKinds>>()?;
     if chosen.is_empty() {
         bail!("--events names no event type: use plant.deleted, plant.restored or both");
     }
-    Ok(chosen.join(","))
+    Ok(chosen)
+}
+
+fn names(kinds: &EventKinds) -> Vec<&'static str> {
+    kinds.iter().map(|kind| kind.name()).collect()
 }
 
 fn time(at: DateTime<Utc>) -> String {
@@ -184,8 +180,8 @@ fn time(at: DateTime<Utc>) -> String {
 struct JsonEndpoint<'a> {
     id: i64,
     url: &'a str,
-    events: Vec<&'a str>,
-    state: &'a str,
+    events: Vec<&'static str>,
+    state: &'static str,
     http2: bool,
     /// While the old secret still signs, until when.
     previous_secret_until: Option<String>,
@@ -209,8 +205,8 @@ fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
         .map(|e| JsonEndpoint {
             id: e.id,
             url: &e.url,
-            events: e.events.split(',').collect(),
-            state: &e.state,
+            events: names(&e.events),
+            state: e.state.as_str(),
             http2: e.http2,
             previous_secret_until: overlap_ends(e).map(time),
             delivered_through: e.delivered_through,
@@ -243,7 +239,7 @@ fn print_table(endpoints: &[EndpointRecord]) {
         out!(
             "{:<6} {:<9} {:<10} {:<8} {:<20} {:<20} {:<40} {}",
             e.id,
-            e.state,
+            e.state.as_str(),
             e.delivered_through
                 .map_or("-".to_owned(), |id| id.to_string()),
             e.pending,

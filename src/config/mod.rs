@@ -82,22 +82,8 @@ pub struct ServeConfig {
           value_parser = parse_duration)]
     pub request_timeout: Duration,
 
-    /// Closes a client connection that sent nothing for this long while the server waited
-    /// for it (an idle keep-alive, or a request header that stopped halfway)
-    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
-          value_parser = parse_duration)]
-    pub idle_timeout: Duration,
-
-    /// Longest a request's headers may take to arrive, counted from the connection's start
-    /// or the request's first byte; past it the answer is 408 and the connection closes
-    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
-          value_parser = parse_duration)]
-    pub header_timeout: Duration,
-
-    /// Most client connections open at once; past it, new ones wait until one closes
-    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(1..))]
-    pub max_connections: u32,
+    #[command(flatten)]
+    pub connections: ConnectionConfig,
 
     /// How long in-flight requests may finish after SIGTERM or Ctrl-C
     #[arg(long, env = "PLANTSTORE_SHUTDOWN_GRACE", default_value = "10s",
@@ -147,6 +133,27 @@ pub struct ServeConfig {
     pub admin_listen: AdminListen,
 }
 
+/// The limits every client connection is held to.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct ConnectionConfig {
+    /// Closes a client connection that sent nothing for this long while the server waited
+    /// for it (an idle keep-alive, or a request header that stopped halfway)
+    #[arg(long, env = "PLANTSTORE_IDLE_TIMEOUT", default_value = "60s",
+          value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest a request's headers may take to arrive, counted from the connection's start
+    /// or the request's first byte; past it the answer is 408 and the connection closes
+    #[arg(long, env = "PLANTSTORE_HEADER_TIMEOUT", default_value = "10s",
+          value_parser = parse_duration)]
+    pub header_timeout: Duration,
+
+    /// Most client connections open at once; past it, new ones wait until one closes
+    #[arg(long, env = "PLANTSTORE_MAX_CONNECTIONS", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+}
+
 /// Delivery of deletion events to the endpoints `plantstore webhooks add` registers.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Webhook options")]
@@ -168,9 +175,16 @@ pub struct WebhookConfig {
     pub webhook_retry_max: Duration,
 }
 
-impl WebhookConfig {
-    /// Whether the settings can be delivered with, in one line naming what to change.
+impl ServeConfig {
+    /// The checks that span settings, made once they are parsed (each value's own are
+    /// made by its parser): in one line naming what to change.
     pub fn check(&self) -> Result<(), String> {
+        self.webhooks.check()
+    }
+}
+
+impl WebhookConfig {
+    fn check(&self) -> Result<(), String> {
         if self.webhook_retry_min.is_zero() || self.webhook_retry_min > self.webhook_retry_max {
             return Err(
                 "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX"

@@ -14,39 +14,38 @@ mod paths;
 mod plants;
 mod request_id;
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{future::Future, sync::Arc};
 
 use poem::{
     Endpoint, EndpointExt, Response, Route, Server, error::ResponseError, get,
     listener::TcpAcceptor, middleware::CatchPanic,
 };
 
-pub use connections::{ClientLimits, head};
+pub use connections::head;
 pub use document::{DocumentError, Documents, document, yaml};
 
-use crate::{config::CorsOrigins, state::AppState, telemetry::Metrics};
+use crate::{
+    config::{CorsOrigins, ServeConfig},
+    state::AppState,
+    telemetry::Metrics,
+};
 use connections::CappedAcceptor;
 use cors::CrossOrigin;
 use drain::CloseWhileDraining;
 use error::ApiError;
 use middleware::{Deadline, ErrorShape, RequestContext};
 
-/// How the public app is laid out, from the server's settings.
-#[derive(Debug, Clone)]
-pub struct HttpOptions {
-    /// The OpenAPI document's renderings, made once at start.
-    pub documents: Documents,
-    /// `PLANTSTORE_CORS_ALLOWED_ORIGINS`.
-    pub cors: CorsOrigins,
-    /// `PLANTSTORE_ADMIN_LISTEN` is set: the ops endpoints are served there, not here.
-    pub ops_on_admin_port: bool,
-}
-
-/// The whole public HTTP app the binary serves; tests serve this very value.
-pub fn build(state: AppState, options: &HttpOptions) -> impl Endpoint<Output = Response> + use<> {
+/// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
+/// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
+/// set, the ops endpoints are served there, not here.
+pub fn build(
+    state: AppState,
+    documents: &Documents,
+    config: &ServeConfig,
+) -> impl Endpoint<Output = Response> + use<> {
     let deadline = state.request_timeout;
-    let mut routes = options.documents.routes();
-    if !options.ops_on_admin_port {
+    let mut routes = documents.routes();
+    if config.admin_listen.0.is_none() {
         routes = with_ops(routes);
     }
     let routes = routes
@@ -57,7 +56,7 @@ pub fn build(state: AppState, options: &HttpOptions) -> impl Endpoint<Output = R
     with_middleware(
         routes.data(state).with(Deadline(deadline)),
         metrics,
-        options.cors.clone(),
+        config.cors_allowed_origins.clone(),
     )
     .with(CloseWhileDraining(draining))
 }
@@ -100,18 +99,21 @@ pub fn with_middleware(
         .with(RequestContext(metrics))
 }
 
-/// Serves the public app on `acceptor`, each client connection held to `limits`, until
-/// `stop` resolves; requests in flight then have `grace` to finish.
+/// Serves the public app on `acceptor`, each client connection held to its limits, until
+/// `stop` resolves; requests in flight then have `PLANTSTORE_SHUTDOWN_GRACE` to finish.
 pub(crate) async fn serve(
     acceptor: TcpAcceptor,
-    limits: ClientLimits,
     state: AppState,
-    options: &HttpOptions,
+    documents: &Documents,
+    config: &ServeConfig,
     stop: impl Future<Output = ()>,
-    grace: Duration,
 ) -> std::io::Result<()> {
-    Server::new_with_acceptor(CappedAcceptor::new(acceptor, limits))
-        .run_with_graceful_shutdown(build(state, options), stop, Some(grace))
+    Server::new_with_acceptor(CappedAcceptor::new(acceptor, config.connections))
+        .run_with_graceful_shutdown(
+            build(state, documents, config),
+            stop,
+            Some(config.shutdown_grace),
+        )
         .await
 }
 
@@ -119,10 +121,10 @@ pub(crate) async fn serve(
 pub(crate) async fn serve_admin(
     acceptor: TcpAcceptor,
     state: AppState,
+    config: &ServeConfig,
     stop: impl Future<Output = ()>,
-    grace: Duration,
 ) -> std::io::Result<()> {
     Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(build_admin(state), stop, Some(grace))
+        .run_with_graceful_shutdown(build_admin(state), stop, Some(config.shutdown_grace))
         .await
 }

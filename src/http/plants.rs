@@ -68,7 +68,6 @@ impl PlantsApi {
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {
                 state.metrics.deleted();
-                state.commit_signal.raise();
                 Ok(PlantDeleted::Deleted(None))
             }
             Ok(Deleted::Replayed) => Ok(PlantDeleted::Deleted(Some(true))),

@@ -12,7 +12,7 @@ use reqwest::{
 use serde_json::value::RawValue;
 
 use super::signature::Signer;
-use crate::telemetry::one_line;
+use crate::{config::WebhookConfig, telemetry::one_line};
 
 /// The most of an answer's body read: enough to keep the connection for the next request
 /// after a receiver's usual short reply, and no more of a long one (its connection is
@@ -38,7 +38,7 @@ pub(super) enum Attempt {
 
 impl Attempt {
     /// A failure the receiver gave no advice on.
-    fn failed(error: impl Into<String>) -> Self {
+    pub(super) fn failed(error: impl Into<String>) -> Self {
         Attempt::Failed {
             error: error.into(),
             retry_after: None,
@@ -46,37 +46,50 @@ impl Attempt {
     }
 }
 
-/// Where one endpoint's events go: its URL taken apart once, and an HTTP client of its own
-/// whose keep-alive connections carry its events.
-pub(super) struct Destination {
-    /// Why the stored URL cannot be used (`webhooks add` lets none such in).
-    target: Result<Target, String>,
-}
-
-struct Target {
+/// One endpoint's URL, taken apart once, and an HTTP client of its own whose keep-alive
+/// connections carry its events.
+pub(super) struct EndpointClient {
     client: Client,
     /// As stored, less any fragment. Credentials in it (`https://user:pass@…`) are taken
     /// out of each request by reqwest and sent as HTTP Basic, as browsers and curl do.
     url: Url,
 }
 
-impl Destination {
-    /// Each attempt, connecting included, gives up after `timeout`. `http2`: HTTP/2 with
-    /// prior knowledge (on https, ALPN chooses HTTP/2 where the receiver offers it).
-    pub(super) fn new(url: &str, http2: bool, timeout: Duration) -> Self {
-        Self {
-            target: Target::new(url, http2, timeout),
+impl EndpointClient {
+    /// Each attempt, connecting included, gives up after `PLANTSTORE_WEBHOOK_TIMEOUT`.
+    /// `http2`: HTTP/2 with prior knowledge (on https, ALPN chooses HTTP/2 where the
+    /// receiver offers it). The error says why the stored URL cannot be used (`webhooks
+    /// add` lets none such in), without the URL.
+    pub(super) fn new(text: &str, http2: bool, config: &WebhookConfig) -> Result<Self, String> {
+        let timeout = config.webhook_timeout;
+        let unusable = |what: &str| format!("the endpoint's stored URL cannot be used: {what}");
+        let mut url = Url::parse(text).map_err(|err| unusable(&err.to_string()))?;
+        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+            return Err(unusable("not http or https with a host"));
         }
+        url.set_fragment(None);
+        // HTTP(S)_PROXY and NO_PROXY are read from the environment, as for the JWKS.
+        let mut client = Client::builder()
+            .user_agent(USER_AGENT)
+            .redirect(reqwest::redirect::Policy::none())
+            .referer(false)
+            .connect_timeout(timeout)
+            .timeout(timeout)
+            .pool_idle_timeout(IDLE);
+        if http2 {
+            client = client.http2_prior_knowledge();
+        }
+        let client = client
+            .build()
+            .map_err(|err| format!("cannot make an HTTP client: {}", describe(err)))?;
+        Ok(Self { client, url })
     }
 
     /// Signs and POSTs `event`. No redirect is followed: a receiver moved is a failure an
     /// operator should see, not a place to send signed events to unasked. Neither the URL
     /// nor its credentials appear in what comes back.
     pub(super) async fn post(&self, signer: &Signer, event: &Event) -> Attempt {
-        let target = match &self.target {
-            Ok(target) => target,
-            Err(error) => return Attempt::failed(error.clone()),
-        };
+        let target = self;
         let id = webhook_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();
@@ -115,32 +128,6 @@ impl Destination {
                 retry_after,
             },
         }
-    }
-}
-
-impl Target {
-    fn new(text: &str, http2: bool, timeout: Duration) -> Result<Self, String> {
-        let unusable = |what: &str| format!("the endpoint's stored URL cannot be used: {what}");
-        let mut url = Url::parse(text).map_err(|err| unusable(&err.to_string()))?;
-        if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-            return Err(unusable("not http or https with a host"));
-        }
-        url.set_fragment(None);
-        // HTTP(S)_PROXY and NO_PROXY are read from the environment, as for the JWKS.
-        let mut client = Client::builder()
-            .user_agent(USER_AGENT)
-            .redirect(reqwest::redirect::Policy::none())
-            .referer(false)
-            .connect_timeout(timeout)
-            .timeout(timeout)
-            .pool_idle_timeout(IDLE);
-        if http2 {
-            client = client.http2_prior_knowledge();
-        }
-        let client = client
-            .build()
-            .map_err(|err| format!("cannot make an HTTP client: {}", describe(err)))?;
-        Ok(Self { client, url })
     }
 }
 
@@ -237,12 +224,16 @@ mod tests {
 
     use super::*;
 
+    fn config() -> WebhookConfig {
+        crate::config::Config::defaults().serve.webhooks
+    }
+
     #[test]
     fn credentials_leave_the_url_for_a_basic_header() {
-        let target = Target::new(
+        let target = EndpointClient::new(
             "https://user:p%40ss@hooks.example:8443/in?x=1#frag",
             false,
-            Duration::from_secs(1),
+            &config(),
         )
         .expect("a usable URL");
         let request = target
@@ -260,7 +251,7 @@ mod tests {
 
     #[test]
     fn an_unusable_url_is_explained_without_the_url() {
-        let err = Target::new("ftp://secret@example.com/x", false, Duration::from_secs(1))
+        let err = EndpointClient::new("ftp://secret@example.com/x", false, &config())
             .err()
             .expect("ftp refused");
         assert!(

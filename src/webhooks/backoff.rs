@@ -5,29 +5,28 @@ use std::time::Duration;
 
 use rand::Rng;
 
-#[derive(Debug, Clone, Copy)]
-pub struct Backoff {
-    pub min: Duration,
-    pub max: Duration,
-}
+use crate::config::WebhookConfig;
 
-impl Backoff {
-    /// The wait after `failures` failed attempts (1 after the first): a random time between
-    /// `min` and `min · 2^(failures-1)`, capped at `max`. Full jitter spreads the retries of
-    /// many events over the window instead of sending them together; `retry_after` raises
-    /// the wait, up to `max`.
-    pub fn after(&self, failures: u32, retry_after: Option<Duration>) -> Duration {
-        let doubled = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
-        let ceiling = self.min.saturating_mul(doubled).min(self.max).max(self.min);
-        let jittered = if ceiling > self.min {
-            rand::rng().random_range(self.min..=ceiling)
-        } else {
-            self.min
-        };
-        match retry_after {
-            Some(asked) => jittered.max(asked.min(self.max)),
-            None => jittered,
-        }
+/// The wait after `failures` failed attempts (1 after the first): a random time between
+/// `min` and `min · 2^(failures-1)`, capped at `max` (`PLANTSTORE_WEBHOOK_RETRY_MIN` and
+/// `_MAX`). Full jitter spreads the retries of many events over the window instead of
+/// sending them together; `retry_after` raises the wait, up to `max`.
+pub(super) fn retry_wait(
+    config: &WebhookConfig,
+    failures: u32,
+    retry_after: Option<Duration>,
+) -> Duration {
+    let (min, max) = (config.webhook_retry_min, config.webhook_retry_max);
+    let doubled = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
+    let ceiling = min.saturating_mul(doubled).min(max).max(min);
+    let jittered = if ceiling > min {
+        rand::rng().random_range(min..=ceiling)
+    } else {
+        min
+    };
+    match retry_after {
+        Some(asked) => jittered.max(asked.min(max)),
+        None => jittered,
     }
 }
 
@@ -35,18 +34,22 @@ impl Backoff {
 mod tests {
     use super::*;
 
-    const BACKOFF: Backoff = Backoff {
-        min: Duration::from_secs(1),
-        max: Duration::from_secs(60),
-    };
+    fn config() -> WebhookConfig {
+        let mut config = crate::config::Config::defaults().serve.webhooks;
+        config.webhook_retry_min = Duration::from_secs(1);
+        config.webhook_retry_max = Duration::from_secs(60);
+        config
+    }
 
     #[test]
     fn grows_within_its_bounds() {
+        let config = config();
         for failures in 1..40 {
-            let wait = BACKOFF.after(failures, None);
-            let ceiling = Duration::from_secs(1u64 << (failures - 1).min(6)).min(BACKOFF.max);
+            let wait = retry_wait(&config, failures, None);
+            let ceiling =
+                Duration::from_secs(1u64 << (failures - 1).min(6)).min(config.webhook_retry_max);
             assert!(
-                wait >= BACKOFF.min && wait <= ceiling,
+                wait >= config.webhook_retry_min && wait <= ceiling,
                 "{failures}: {wait:?}"
             );
         }
@@ -54,10 +57,11 @@ mod tests {
 
     #[test]
     fn waits_at_least_what_retry_after_asks_up_to_the_maximum() {
-        assert!(BACKOFF.after(1, Some(Duration::from_secs(30))) >= Duration::from_secs(30));
+        let config = config();
+        assert!(retry_wait(&config, 1, Some(Duration::from_secs(30))) >= Duration::from_secs(30));
         assert_eq!(
-            BACKOFF.after(1, Some(Duration::from_secs(3600))),
-            BACKOFF.max
+            retry_wait(&config, 1, Some(Duration::from_secs(3600))),
+            config.webhook_retry_max
         );
     }
 }

@@ -1,13 +1,10 @@
 //! Deletion events delivered to webhook endpoints: which endpoints this instance delivers
 //! to (a lease each, renewed while it runs), started and stopped as leases come and go.
 
-mod announcer;
 mod attempt;
 mod backoff;
-mod commit_signal;
-mod endpoint;
+mod delivery_loop;
 mod pending;
-mod sending;
 pub mod signature;
 
 use std::{
@@ -16,15 +13,12 @@ use std::{
     time::Duration,
 };
 
-use plantstore_store::{Announcements, Lease, Signing, Store};
+use plantstore_store::{Lease, Signing, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
-pub use backoff::Backoff;
-pub use commit_signal::CommitSignal;
-use endpoint::{EndpointDelivery, Stopped};
-use sending::SendingThread;
+use delivery_loop::{DeliveryEnd, DeliveryLoop};
 
-use crate::telemetry::Metrics;
+use crate::{config::WebhookConfig, telemetry::Metrics};
 
 /// How often the leases are renewed, and new endpoints found.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
@@ -35,41 +29,28 @@ const COUNT_EVERY: u32 = 5;
 /// How long stopping waits for the deliveries to save how far they got.
 const SAVE_ON_STOP: Duration = Duration::from_secs(5);
 
-#[derive(Debug, Clone, Copy)]
-pub struct Settings {
-    /// `PLANTSTORE_WEBHOOK_TIMEOUT`.
-    pub timeout: Duration,
-    pub backoff: Backoff,
-}
-
 /// The delivery loops of this instance.
 pub struct Deliveries {
     store: Arc<dyn Store>,
-    settings: Settings,
+    config: WebhookConfig,
     metrics: Arc<Metrics>,
     /// This instance's name in the leases: its host and address, so that the same instance
     /// started again after a crash takes its leases back at once.
     owner: Arc<str>,
-    signal: CommitSignal,
-    /// Between this instance and the others, where the database carries it.
-    announcements: Option<Arc<dyn Announcements>>,
 }
 
 impl Deliveries {
     pub fn new(
         store: Arc<dyn Store>,
-        settings: Settings,
+        config: &WebhookConfig,
         metrics: Arc<Metrics>,
-        signal: CommitSignal,
         owner: String,
     ) -> Self {
         Self {
-            announcements: store.announcements(),
             store,
-            settings,
+            config: config.clone(),
             metrics,
             owner: owner.into(),
-            signal,
         }
     }
 
@@ -79,21 +60,9 @@ impl Deliveries {
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
         let (stopping, stopping_seen) = watch::channel(false);
-        let sending = Arc::new(SendingThread::start());
-        let (announcing, needed) = watch::channel(false);
-        let announce = async {
-            match &self.announcements {
-                Some(announcements) => {
-                    announcer::announce(Arc::clone(announcements), self.signal.clone(), needed)
-                        .await;
-                }
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(stop);
         tokio::select! {
-            _ = async { tokio::join!(self.claim_and_deliver(&mut running, &announcing, &sending, &stopping_seen), announce) } => {},
-            () = &mut stop => {},
+            () = self.claim_and_deliver(&mut running, &stopping_seen) => {},
+            () = stop => {},
         }
         stopping.send_replace(true);
         let saved = futures_util::future::join_all(running.values_mut().map(|task| &mut task.task));
@@ -108,27 +77,20 @@ impl Deliveries {
         }
     }
 
-    /// Claims and renews leases each second, runs a delivery per lease, listens for the
-    /// other instances' announcements while it holds any, and sets `announcing` while
-    /// another instance may hold one.
+    /// Claims and renews leases each second, and runs a delivery loop per lease.
     async fn claim_and_deliver(
         &self,
         running: &mut HashMap<i64, Running>,
-        announcing: &watch::Sender<bool>,
-        sending: &Arc<SendingThread>,
         stopping: &watch::Receiver<bool>,
     ) {
         let mut every = tokio::time::interval(CLAIM_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut renewed = tokio::time::Instant::now();
-        // Endpoints not disabled, as last counted.
-        let mut active = 0;
         let mut counted = HashSet::new();
-        let mut heard: Option<watch::Receiver<u64>> = None;
         for round in 0u32.. {
             every.tick().await;
             if round % COUNT_EVERY == 0 {
-                active = self.count_pending(&mut counted).await.unwrap_or(active);
+                self.count_pending(&mut counted).await;
             }
             let leases = match self.store.claim_endpoints(&self.owner, LEASE).await {
                 Ok(leases) => leases,
@@ -143,19 +105,10 @@ impl Deliveries {
                 }
             };
             renewed = tokio::time::Instant::now();
-            announcing.send_if_modified(|announcing| {
-                let others = active > leases.len();
-                std::mem::replace(announcing, others) != others
-            });
-            if leases.is_empty() {
-                heard = None;
-            } else if heard.is_none() {
-                heard = self.announcements.as_ref().map(|heard| heard.listen());
-            }
             // Stop what is no longer ours, has ended, or is not the row it started with
             // (removed, replayed, enabled again); a new secret is followed where it runs.
             running.retain(
-                |id, task| match leases.iter().find(|lease| lease.endpoint == *id) {
+                |id, task| match leases.iter().find(|lease| lease.endpoint_id == *id) {
                     Some(lease) if !task.task.is_finished() && task.started_as(lease) => {
                         task.follow_secret(&lease.signing);
                         true
@@ -164,27 +117,24 @@ impl Deliveries {
                 },
             );
             for lease in leases {
-                if running.contains_key(&lease.endpoint) {
+                if running.contains_key(&lease.endpoint_id) {
                     continue;
                 }
-                tracing::info!(endpoint = lease.endpoint, "delivering deletion events");
+                tracing::info!(endpoint = lease.endpoint_id, "delivering deletion events");
                 let (signing, signing_seen) = watch::channel(lease.signing.clone());
                 let started = lease.clone();
-                let delivery = EndpointDelivery {
+                let delivery = DeliveryLoop {
                     store: Arc::clone(&self.store),
                     lease,
                     owner: Arc::clone(&self.owner),
-                    sending: Arc::clone(sending),
-                    timeout: self.settings.timeout,
+                    config: self.config.clone(),
                     signing: signing_seen,
-                    backoff: self.settings.backoff,
                     metrics: Arc::clone(&self.metrics),
-                    wake: self.signal.listen(),
-                    heard: heard.clone(),
+                    commits: self.store.commits(),
                     stopping: stopping.clone(),
                 };
                 running.insert(
-                    started.endpoint,
+                    started.endpoint_id,
                     Running {
                         task: tokio::spawn(delivery.run()),
                         started,
@@ -195,9 +145,9 @@ impl Deliveries {
         }
     }
 
-    /// Sets the pending gauges; returns how many endpoints are not disabled. An endpoint
-    /// `counted` last time and gone now was removed: nothing is pending for it any more.
-    async fn count_pending(&self, counted: &mut HashSet<i64>) -> Option<usize> {
+    /// Sets the pending gauges. An endpoint `counted` last time and gone now was removed:
+    /// nothing is pending for it any more.
+    async fn count_pending(&self, counted: &mut HashSet<i64>) {
         match self.store.list_endpoints().await {
             Ok(endpoints) => {
                 let listed: HashSet<i64> = endpoints.iter().map(|endpoint| endpoint.id).collect();
@@ -209,16 +159,9 @@ impl Deliveries {
                     self.metrics
                         .webhook_pending(&endpoint.id.to_string(), endpoint.pending);
                 }
-                Some(
-                    endpoints
-                        .iter()
-                        .filter(|endpoint| endpoint.state != "disabled")
-                        .count(),
-                )
             }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot count the pending webhook events");
-                None
             }
         }
     }
@@ -227,7 +170,7 @@ impl Deliveries {
 /// One endpoint's delivery task, the lease it started with, and its secrets as they are
 /// now; dropping it stops the task, and cancels its requests.
 struct Running {
-    task: JoinHandle<Stopped>,
+    task: JoinHandle<DeliveryEnd>,
     started: Lease,
     signing: watch::Sender<Signing>,
 }

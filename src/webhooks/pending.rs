@@ -14,14 +14,14 @@ pub(super) const WINDOW: usize = 2048;
 
 /// An event to send now or after `wait`: the one in flight for its plant.
 #[derive(Debug)]
-pub(super) struct Dispatch {
+pub(super) struct EventToSend {
     pub(super) event: Event,
     /// Failed attempts so far.
     pub(super) failures: u32,
     pub(super) wait: Duration,
 }
 
-impl Dispatch {
+impl EventToSend {
     fn first(event: Event) -> Self {
         Self {
             event,
@@ -48,7 +48,7 @@ pub(super) struct PendingEvents {
     /// that wait behind it.
     busy: HashSet<i64>,
     behind: HashMap<i64, VecDeque<Event>>,
-    ready: VecDeque<Dispatch>,
+    ready: VecDeque<EventToSend>,
 }
 
 impl PendingEvents {
@@ -92,7 +92,7 @@ impl PendingEvents {
             }
             let plant = event.entry.plant_id;
             if self.busy.insert(plant) {
-                self.ready.push_back(Dispatch::first(event));
+                self.ready.push_back(EventToSend::first(event));
             } else {
                 self.behind.entry(plant).or_default().push_back(event);
             }
@@ -100,7 +100,7 @@ impl PendingEvents {
     }
 
     /// The next event to send: the oldest of its plant's not yet delivered.
-    pub(super) fn next_dispatch(&mut self) -> Option<Dispatch> {
+    pub(super) fn next_to_send(&mut self) -> Option<EventToSend> {
         self.ready.pop_front()
     }
 
@@ -114,7 +114,7 @@ impl PendingEvents {
         }
         let plant = event.entry.plant_id;
         match self.behind.get_mut(&plant).and_then(VecDeque::pop_front) {
-            Some(next) => self.ready.push_back(Dispatch::first(next)),
+            Some(next) => self.ready.push_back(EventToSend::first(next)),
             None => {
                 self.behind.remove(&plant);
                 self.busy.remove(&plant);
@@ -124,7 +124,7 @@ impl PendingEvents {
 
     /// The event failed: it stays its plant's one in flight, tried again after `wait`.
     pub(super) fn retry(&mut self, event: Event, failures: u32, wait: Duration) {
-        self.ready.push_back(Dispatch {
+        self.ready.push_back(EventToSend {
             event,
             failures,
             wait,
@@ -156,7 +156,7 @@ mod tests {
             position: StreamPosition {
                 pos: id,
                 kind: 0,
-                id,
+                seq: id,
             },
             kind: EventKind::Deleted,
             entry: DeletionRecord {
@@ -173,9 +173,9 @@ mod tests {
         }
     }
 
-    fn dispatched_ids(ahead: &mut PendingEvents) -> Vec<i64> {
-        std::iter::from_fn(|| ahead.next_dispatch())
-            .map(|dispatch| dispatch.event.entry.id)
+    fn ids_to_send(ahead: &mut PendingEvents) -> Vec<i64> {
+        std::iter::from_fn(|| ahead.next_to_send())
+            .map(|to_send| to_send.event.entry.id)
             .collect()
     }
 
@@ -183,26 +183,26 @@ mod tests {
     fn a_plants_next_event_waits_until_the_one_before_is_delivered() {
         let mut ahead = PendingEvents::new(deleted(0, 0).position);
         ahead.add(vec![deleted(1, 7), deleted(2, 8), deleted(3, 7)], |_| true);
-        assert_eq!(dispatched_ids(&mut ahead), [1, 2]);
+        assert_eq!(ids_to_send(&mut ahead), [1, 2]);
         ahead.delivered(&deleted(2, 8));
-        assert_eq!(dispatched_ids(&mut ahead), Vec::<i64>::new());
+        assert_eq!(ids_to_send(&mut ahead), Vec::<i64>::new());
         ahead.delivered(&deleted(1, 7));
-        assert_eq!(dispatched_ids(&mut ahead), [3]);
+        assert_eq!(ids_to_send(&mut ahead), [3]);
     }
 
     #[test]
     fn a_failed_event_holds_back_its_plants_next() {
         let mut ahead = PendingEvents::new(deleted(0, 0).position);
         ahead.add(vec![deleted(1, 7), deleted(2, 7)], |_| true);
-        let first = ahead.next_dispatch().expect("a dispatch");
+        let first = ahead.next_to_send().expect("a dispatch");
         ahead.retry(first.event, 1, Duration::from_millis(5));
-        let again = ahead.next_dispatch().expect("the retry");
+        let again = ahead.next_to_send().expect("the retry");
         assert_eq!(
             (again.event.entry.id, again.failures, again.wait),
             (1, 1, Duration::from_millis(5))
         );
         assert!(
-            ahead.next_dispatch().is_none(),
+            ahead.next_to_send().is_none(),
             "entry 2 waits behind entry 1"
         );
     }

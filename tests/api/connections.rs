@@ -32,7 +32,8 @@ async fn closed_by_server(stream: &mut TcpStream, within: Duration) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn half_sent_headers_are_cut_off_and_others_are_still_served() {
-    let app = spawn_with(|config| config.serve.idle_timeout = Duration::from_secs(1)).await;
+    let app =
+        spawn_with(|config| config.serve.connections.idle_timeout = Duration::from_secs(1)).await;
     let mut slow = Vec::new();
     for _ in 0..200 {
         let mut stream = TcpStream::connect(host(&app)).await.expect("connect");
@@ -54,8 +55,8 @@ async fn half_sent_headers_are_cut_off_and_others_are_still_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_past_the_cap_wait_for_a_free_slot() {
     let app = spawn_with(|config| {
-        config.serve.idle_timeout = Duration::from_secs(1);
-        config.serve.max_connections = 2;
+        config.serve.connections.idle_timeout = Duration::from_secs(1);
+        config.serve.connections.max_connections = 2;
     })
     .await;
     let mut idle = Vec::new();
@@ -157,7 +158,8 @@ async fn raw_exchange(app: &TestApp, parts: Vec<Vec<u8>>, pause: Duration) -> Ra
 /// at the header timeout with a 408 in the `Error` shape; others are served meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trickled_head_gets_408_at_the_header_timeout() {
-    let app = spawn_with(|config| config.serve.header_timeout = Duration::from_secs(1)).await;
+    let app =
+        spawn_with(|config| config.serve.connections.header_timeout = Duration::from_secs(1)).await;
     let mut parts = vec![b"DELETE /plants/1 HTTP/1.1\r\nHost: plantstore\r\n".to_vec()];
     parts.extend((0..100).map(|n| format!("x-slow-{n}: 1\r\n").into_bytes()));
 

@@ -48,9 +48,9 @@ const FOLLOWS_WITHIN: Duration = Duration::from_millis(2500);
 /// How long the tests wait for deliveries that should take well under a second.
 const WITHIN: Duration = Duration::from_secs(20);
 
-/// A commit made through another process wakes the instance that delivers, on PostgreSQL:
-/// a restore from the command line, another instance's announcement, and a lost listening
-/// connection (when announcements may have gone unheard) each ring.
+/// Commits made through other processes reach a store's commit news on PostgreSQL: a
+/// restore from the command line, another instance's delete, and a lost listening
+/// connection (when announcements may have gone unheard) each change it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
     let app = spawn(Backend::Postgres).await;
@@ -60,32 +60,45 @@ async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
             .expect("a store")
     };
     let listening = open().await;
-    let mut heard = listening
-        .announcements()
-        .expect("PostgreSQL carries announcements")
-        .listen();
+    let mut heard = listening.commits();
     rings(&mut heard, "listening begins").await;
 
-    app.add_plants(&[3]).await;
+    app.add_plants(&[3, 4, 5]).await;
     delete_all(&app, [3]).await;
     let entry = app.db.deletion_ids().await[0].to_string();
+    heard.mark_unchanged();
     succeeded(&plantstore(
         &app,
         &["deletions", "restore", &entry, "--by", "ops"],
     ));
     rings(&mut heard, "a restore from the command line").await;
 
-    let announce = |store: std::sync::Arc<dyn plantstore_store::Store>| async move {
-        let announcements = store.announcements().expect("announcements");
-        announcements.announce().await.expect("an announcement");
-    };
-    announce(open().await).await;
-    rings(&mut heard, "another instance's announcement").await;
+    let other = open().await;
+    heard.mark_unchanged();
+    delete_through(other.as_ref(), 4).await;
+    rings(&mut heard, "another instance's delete").await;
 
     app.db.terminate_service_sessions().await;
     rings(&mut heard, "listening again after a lost connection").await;
-    announce(open().await).await;
-    rings(&mut heard, "an announcement after the reconnection").await;
+    let other = open().await;
+    heard.mark_unchanged();
+    delete_through(other.as_ref(), 5).await;
+    rings(&mut heard, "a delete after the reconnection").await;
+}
+
+/// Deletes plant `id` through `store`, as another instance's request would.
+async fn delete_through(store: &dyn plantstore_store::Store, id: i64) {
+    let deleted = store
+        .delete_plant(plantstore_store::Deletion {
+            plant_id: id,
+            caller: "other-instance".into(),
+            request_id: format!("other-{id}"),
+            idempotency_key: None,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(5),
+        })
+        .await
+        .expect("a delete");
+    assert_eq!(deleted, plantstore_store::Deleted::Now);
 }
 
 /// On PostgreSQL events are read in commit order up to the oldest transaction of the

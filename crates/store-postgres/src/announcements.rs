@@ -1,5 +1,6 @@
-//! Deletion events announced between processes: a `NOTIFY` after commits, and one
-//! `LISTEN` connection per instance while it delivers to an endpoint.
+//! Commits announced between processes: a `NOTIFY` after this process's commits that
+//! deleted, and, while anyone here waits for commit news, a `LISTEN` that bumps that news
+//! when another process's commit is heard.
 
 use std::{
     convert::Infallible,
@@ -7,69 +8,56 @@ use std::{
     time::Duration,
 };
 
-use async_trait::async_trait;
-use plantstore_store::{Announcements, StoreError};
+use plantstore_store::{StoreError, backend::CommitNews};
 use sqlx::postgres::{PgConnection, PgListener, PgPool};
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 
-use crate::errors::classify;
+use crate::database::Database;
 
 /// The channel every announcement goes on.
 const CHANNEL: &str = "plantstore_events";
+/// The shortest time between two announcements: under load one stands for many commits.
+const GAP: Duration = Duration::from_millis(50);
 /// The wait before listening again after the connection could not be had.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
-type Heard = Arc<watch::Sender<u64>>;
+/// Announces this process's commits to the others. The task ends with the announcer.
+pub(crate) struct Announcer(mpsc::Sender<()>);
 
-pub(crate) struct PgAnnouncements {
-    pool: PgPool,
-    /// The listening task's channel while it runs: it ends, and gives its connection back,
-    /// when the last receiver is dropped.
-    heard: Arc<Mutex<Option<Heard>>>,
-}
+impl Announcer {
+    pub(crate) fn start(db: Database) -> Self {
+        // One announcement waiting at most: the commits of a gap go out as one.
+        let (wanted, mut asked) = mpsc::channel(1);
+        tokio::spawn(async move {
+            while asked.recv().await.is_some() {
+                if let Err(err) = notify(&db).await {
+                    tracing::warn!(error = %err, "cannot announce deletion events to the other instances");
+                }
+                tokio::time::sleep(GAP).await;
+            }
+        });
+        Self(wanted)
+    }
 
-impl PgAnnouncements {
-    pub(crate) fn new(pool: PgPool) -> Self {
-        Self {
-            pool,
-            heard: Arc::default(),
-        }
+    /// After a commit that deleted; returns at once.
+    pub(crate) fn announce(&self) {
+        let _ = self.0.try_send(());
     }
 }
 
-#[async_trait]
-impl Announcements for PgAnnouncements {
-    #[tracing::instrument(skip_all)]
-    async fn announce(&self) -> Result<(), StoreError> {
-        // Its own transaction, apart from the deletes' batch: a notifying commit holds a
-        // database-wide lock through its WAL flush, which would serialize the batch lanes.
-        // Nor does it wait for a flush (`set_config` local to this statement's
-        // transaction): a notification lost in a crash costs one poll.
-        sqlx::query!(
-            "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
-            CHANNEL
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(classify)?;
-        Ok(())
-    }
-
-    fn listen(&self) -> watch::Receiver<u64> {
-        let mut slot = self.heard.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(heard) = slot.as_ref() {
-            return heard.subscribe();
-        }
-        let heard: Heard = Arc::new(watch::Sender::new(0));
-        let receiver = heard.subscribe();
-        *slot = Some(Arc::clone(&heard));
-        tokio::spawn(keep_listening(
-            self.pool.clone(),
-            heard,
-            Arc::clone(&self.heard),
-        ));
-        receiver
-    }
+/// A transaction of its own, apart from the deletes' batch: a notifying commit holds a
+/// database-wide lock through its WAL flush, which would serialize the commit workers. Nor
+/// does it wait for a flush (`set_config` local to this statement's transaction): a
+/// notification lost in a crash costs one poll.
+async fn notify(db: &Database) -> Result<(), StoreError> {
+    sqlx::query!(
+        "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
+        CHANNEL
+    )
+    .fetch_one(&mut *db.conn().await?)
+    .await
+    .map_err(|err| db.error(err))?;
+    Ok(())
 }
 
 /// Announces within a transaction, as it commits: for rare commits made where no delivery
@@ -81,22 +69,43 @@ pub(crate) async fn announce_in(conn: &mut PgConnection) -> Result<(), sqlx::Err
     Ok(())
 }
 
+/// Whether a task listens for the other processes' commits now.
+#[derive(Debug, Default)]
+pub(crate) struct Listening(Arc<Mutex<bool>>);
+
+impl Listening {
+    /// Listens, unless a task does already, for as long as `news` has receivers: call it
+    /// after subscribing.
+    pub(crate) fn keep_up(&self, pool: &PgPool, news: &CommitNews) {
+        let mut running = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if !*running {
+            *running = true;
+            tokio::spawn(keep_listening(
+                pool.clone(),
+                news.clone(),
+                Arc::clone(&self.0),
+            ));
+        }
+    }
+}
+
 /// Listens until no one hears, or the pool closes; listens again after a lost connection.
-async fn keep_listening(pool: PgPool, heard: Heard, slot: Arc<Mutex<Option<Heard>>>) {
+async fn keep_listening(pool: PgPool, news: CommitNews, running: Arc<Mutex<bool>>) {
+    let stop = || *running.lock().unwrap_or_else(PoisonError::into_inner) = false;
     loop {
         tokio::select! {
-            () = heard.closed() => {
-                let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
-                // `listen` may have subscribed since `closed` resolved, under this lock.
-                if heard.receiver_count() == 0 {
-                    *slot = None;
+            () = news.unheard() => {
+                let mut running = running.lock().unwrap_or_else(PoisonError::into_inner);
+                // Someone may have subscribed since `unheard` resolved, before this lock.
+                if !news.has_receivers() {
+                    *running = false;
                     return;
                 }
             }
-            result = listen(&pool, &heard) => {
+            result = listen(&pool, &news) => {
                 let Err(err) = result;
                 if pool.is_closed() {
-                    *slot.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    stop();
                     return;
                 }
                 tracing::warn!(error = %err, "cannot listen for deletion events; polling meanwhile");
@@ -106,20 +115,16 @@ async fn keep_listening(pool: PgPool, heard: Heard, slot: Arc<Mutex<Option<Heard
     }
 }
 
-/// Rings `heard` at every notification; returns only with the error that ended listening.
-async fn listen(pool: &PgPool, heard: &watch::Sender<u64>) -> Result<Infallible, sqlx::Error> {
+/// Bumps `news` at every notification; returns only with the error that ended listening.
+async fn listen(pool: &PgPool, news: &CommitNews) -> Result<Infallible, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     loop {
         // Listening anew, or again after a lost connection: whatever was announced in
         // between went unheard, so every reader reads once.
-        heard.send_modify(ring);
+        news.bump();
         while listener.try_recv().await?.is_some() {
-            heard.send_modify(ring);
+            news.bump();
         }
     }
-}
-
-fn ring(count: &mut u64) {
-    *count = count.wrapping_add(1);
 }

@@ -3,13 +3,16 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use plantstore_store::{BatchResult, Deletion, Outcome, StoreError};
+use plantstore_store::{
+    Deletion, StoreError,
+    backend::{BatchResult, DeletionOutcome},
+};
 use sqlx::{Acquire, Executor, PgConnection};
 use tokio::time::Instant;
 
 use crate::{
-    errors::classify,
-    limits::{may_commit, renew_local},
+    database::Database,
+    wait_limits::{may_commit, renew_local},
 };
 
 /// The advisory-lock class of idempotency keys (`pg_advisory_xact_lock(class, hash)`),
@@ -20,6 +23,7 @@ const KEY_LOCK_CLASS: i32 = 0x706c_6e74;
 /// same callers' keys, so that the key lookup after it sees their commits. Keys are locked
 /// in one order, so two batches never wait on each other.
 pub(crate) async fn lock_keys(
+    db: &Database,
     conn: &mut PgConnection,
     batch: &[Deletion],
 ) -> Result<(), StoreError> {
@@ -36,7 +40,7 @@ pub(crate) async fn lock_keys(
     )
     .fetch_all(&mut *conn)
     .await
-    .map_err(classify)?;
+    .map_err(|err| db.error(err))?;
     Ok(())
 }
 
@@ -55,21 +59,24 @@ struct BatchRow {
 /// session's limits bound each statement by it, and after waiting for keys the statement
 /// gets only what is left.
 pub(crate) async fn run(
+    db: &Database,
     conn: &mut PgConnection,
     batch: &[Deletion],
     idempotency_ttl: f64,
     deadline: Instant,
-) -> Result<Vec<Outcome>, StoreError> {
+) -> Result<Vec<DeletionOutcome>, StoreError> {
     let row = if batch.iter().any(|d| d.idempotency_key.is_some()) {
-        let mut tx = conn.begin().await.map_err(classify)?;
-        lock_keys(&mut tx, batch).await?;
-        tx.execute(renew_local(deadline)?).await.map_err(classify)?;
-        let row = statement(&mut tx, batch, idempotency_ttl).await?;
+        let mut tx = conn.begin().await.map_err(|err| db.error(err))?;
+        lock_keys(db, &mut tx, batch).await?;
+        tx.execute(renew_local(deadline)?)
+            .await
+            .map_err(|err| db.error(err))?;
+        let row = statement(db, &mut tx, batch, idempotency_ttl).await?;
         may_commit(deadline)?;
-        tx.commit().await.map_err(classify)?;
+        tx.commit().await.map_err(|err| db.error(err))?;
         row
     } else {
-        statement(conn, batch, idempotency_ttl).await?
+        statement(db, conn, batch, idempotency_ttl).await?
     };
     // Positions in the statement count from 1.
     let earlier: HashMap<usize, i64> = row
@@ -87,6 +94,7 @@ pub(crate) async fn run(
 }
 
 async fn statement(
+    db: &Database,
     conn: &mut PgConnection,
     batch: &[Deletion],
     idempotency_ttl: f64,
@@ -146,7 +154,7 @@ async fn statement(
         )
         .fetch_all(&mut *conn)
         .await
-        .map_err(classify)?;
+        .map_err(|err| db.error(err))?;
     let row = rows
         .into_iter()
         .next()

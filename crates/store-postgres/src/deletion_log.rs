@@ -1,41 +1,48 @@
 //! The deletion log: listing it, putting a deleted plant back, pruning old entries.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{DeletionFilter, DeletionRecord, EntryState, RestoreError, StoreError};
-use sqlx::{Acquire, postgres::PgPool};
+use plantstore_store::{
+    DeletionFilter, DeletionLog, DeletionRecord, RestoreError, StoreError,
+    backend::{EntryState, column_changes},
+};
+use sqlx::Acquire;
 
-use crate::{announcements::announce_in, connection::connection, errors::classify};
+use crate::{PostgresStore, announcements::announce_in};
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn list(
-    pool: &PgPool,
-    filter: &DeletionFilter,
-) -> Result<Vec<DeletionRecord>, StoreError> {
-    sqlx::query_as!(
-        DeletionRecord,
-        r#"SELECT id, plant_id, token_name AS caller, request_id, idempotency_key,
+#[async_trait]
+impl DeletionLog for PostgresStore {
+    #[tracing::instrument(skip(self))]
+    async fn list_deletions(
+        &self,
+        filter: &DeletionFilter,
+    ) -> Result<Vec<DeletionRecord>, StoreError> {
+        sqlx::query_as!(
+            DeletionRecord,
+            r#"SELECT id, plant_id, token_name AS caller, request_id, idempotency_key,
                       deleted_at, snapshot::TEXT AS snapshot, restored_at, restored_by
                FROM plantstore_deletions
                WHERE ($1::BIGINT IS NULL OR plant_id = $1)
                  AND ($2::TEXT IS NULL OR token_name = $2)
                  AND ($3::TIMESTAMPTZ IS NULL OR deleted_at >= $3)
                ORDER BY id DESC LIMIT $4"#,
-        filter.plant_id,
-        filter.caller,
-        filter.since,
-        filter.limit,
-    )
-    .fetch_all(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)
-}
+            filter.plant_id,
+            filter.caller,
+            filter.since,
+            filter.limit,
+        )
+        .fetch_all(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, RestoreError> {
-    let mut conn = connection(pool).await?;
-    let mut tx = conn.begin().await.map_err(classify)?;
-    // FOR UPDATE: a second restore of the same entry waits, then sees it restored.
-    let found = sqlx::query_as!(
+    #[tracing::instrument(skip(self))]
+    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
+        let db = &self.db;
+        let mut conn = db.conn().await?;
+        let mut tx = conn.begin().await.map_err(|err| db.error(err))?;
+        // FOR UPDATE: a second restore of the same entry waits, then sees it restored.
+        let found = sqlx::query_as!(
             EntryState,
             r#"SELECT plant_id, snapshot IS NOT NULL AS "has_snapshot!", restored_at, restored_by,
                       EXISTS (SELECT 1 FROM plants WHERE plants.id = log.plant_id) AS "plant_exists!"
@@ -45,57 +52,58 @@ pub(crate) async fn restore(pool: &PgPool, entry: i64, by: &str) -> Result<i64, 
         )
         .fetch_optional(&mut *tx)
         .await
-        .map_err(classify)?
+        .map_err(|err| db.error(err))?
         .ok_or(RestoreError::NoSuchEntry(entry))?;
-    let plant_id = found.plant_id;
-    found.restorable()?;
-    let columns = sqlx::query!(
-        r#"SELECT ARRAY(SELECT attname::TEXT FROM pg_attribute
+        let plant_id = found.plant_id;
+        found.restorable()?;
+        let columns = sqlx::query!(
+            r#"SELECT ARRAY(SELECT attname::TEXT FROM pg_attribute
                             WHERE attrelid = to_regclass('plants') AND attnum > 0
                               AND NOT attisdropped AND attgenerated = ''
                             ORDER BY attnum) AS "table!",
                       ARRAY(SELECT jsonb_object_keys(snapshot)) AS "held!"
                FROM plantstore_deletions WHERE id = $1"#,
-        entry
-    )
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(classify)?;
-    plantstore_store::column_changes(&columns.table, &columns.held)?;
-    // OVERRIDING SYSTEM VALUE: the plant gets its own id back even where `plants.id`
-    // is GENERATED ALWAYS AS IDENTITY.
-    sqlx::query!(
-        "INSERT INTO plants OVERRIDING SYSTEM VALUE
+            entry
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|err| db.error(err))?;
+        column_changes(&columns.table, &columns.held)?;
+        // OVERRIDING SYSTEM VALUE: the plant gets its own id back even where `plants.id`
+        // is GENERATED ALWAYS AS IDENTITY.
+        sqlx::query!(
+            "INSERT INTO plants OVERRIDING SYSTEM VALUE
              SELECT * FROM jsonb_populate_record(NULL::plants,
                  (SELECT snapshot FROM plantstore_deletions WHERE id = $1))",
-        entry
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(|err| RestoreError::from_insert(classify(err)))?;
-    sqlx::query!(
-        "UPDATE plantstore_deletions
+            entry
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(|err| RestoreError::from_insert(db.error(err)))?;
+        sqlx::query!(
+            "UPDATE plantstore_deletions
          SET restored_at = now(), restored_by = $2, restored_xid = pg_current_xact_id()
          WHERE id = $1",
-        entry,
-        by
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(classify)?;
-    announce_in(&mut tx).await.map_err(classify)?;
-    tx.commit()
+            entry,
+            by
+        )
+        .execute(&mut *tx)
         .await
-        .map_err(|err| RestoreError::from_insert(classify(err)))?;
-    Ok(plant_id)
-}
+        .map_err(|err| db.error(err))?;
+        announce_in(&mut tx).await.map_err(|err| db.error(err))?;
+        tx.commit()
+            .await
+            .map_err(|err| RestoreError::from_insert(db.error(err)))?;
+        self.news.bump();
+        Ok(plant_id)
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, StoreError> {
-    // An entry stays while an endpoint not disabled has yet to receive its delete or its
-    // restore.
-    let done = sqlx::query!(
-        "DELETE FROM plantstore_deletions d
+    #[tracing::instrument(skip(self))]
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        // An entry stays while an endpoint not disabled has yet to receive its delete or its
+        // restore.
+        let done = sqlx::query!(
+            "DELETE FROM plantstore_deletions d
          WHERE d.deleted_at < $1
            AND NOT EXISTS (
                SELECT 1 FROM plantstore_webhook_endpoints e
@@ -104,10 +112,11 @@ pub(crate) async fn prune(pool: &PgPool, before: DateTime<Utc>) -> Result<u64, S
                           > (e.cursor_pos, e.cursor_kind, e.cursor_id)
                       OR (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
                           > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
-        before
-    )
-    .execute(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    Ok(done.rows_affected())
+            before
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(done.rows_affected())
+    }
 }

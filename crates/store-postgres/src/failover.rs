@@ -133,17 +133,6 @@ impl Failover {
         });
     }
 
-    /// Passes `result` on, searching the hosts again when it failed (see `notice`).
-    pub(crate) fn watch<T>(
-        self: &Arc<Self>,
-        result: Result<T, StoreError>,
-    ) -> Result<T, StoreError> {
-        if let Err(err) = &result {
-            self.notice(err);
-        }
-        result
-    }
-
     /// Searches the hosts again when `err` says the database is unavailable, takes no
     /// writes, or did not answer in time: a host that went away without a reset, or
     /// whose new connections hang, shows only as work that runs out of time, and a

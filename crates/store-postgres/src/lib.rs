@@ -1,61 +1,56 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
-//! This file says which file serves each method of `Store`.
+//! This file connects and serves `Store`; `deletion_log.rs`, `tokens.rs` and
+//! `webhooks.rs` each implement their trait. Every query goes through `Database`.
 
 mod announcements;
 mod batch;
-mod connection;
+mod database;
 mod deletion_log;
-mod errors;
 mod failover;
 mod hosts;
-mod limits;
 mod schema;
 mod seed;
 mod tokens;
+mod wait_limits;
 mod webhooks;
 mod writer;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use plantstore_store::{
-    Announcements, BatchWriter, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter,
-    DeletionRecord, DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome,
-    RestoreError, Store, StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord,
-    Webhooks,
+    CommitObserver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
+    backend::{BatchWriter, Batcher, CommitNews},
 };
-use sqlx::postgres::PgPool;
+use tokio::sync::watch;
 
-use announcements::PgAnnouncements;
-use connection::connection;
-use errors::classify;
-use failover::Failover;
+use announcements::Listening;
+use database::Database;
 use writer::PgWriter;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 /// How many group commits one instance keeps in flight, each on its own connection. Two
-/// let one batch execute while the other waits for its WAL flush; more lanes made
+/// let one batch execute while the other waits for its WAL flush; more workers made
 /// smaller batches and cost more CPU per delete in the benchmark (bench/RESULTS.md).
-pub fn batch_lanes(max_connections: u32) -> usize {
+pub fn commit_workers(max_connections: u32) -> usize {
     (max_connections / 4).clamp(1, 2) as usize
 }
 
 #[derive(Clone)]
 pub struct PostgresStore {
-    pool: PgPool,
+    db: Database,
     writer: Arc<PgWriter>,
     batcher: Batcher,
-    /// Where new connections go when the URL names several hosts.
-    failover: Arc<Failover>,
-    announcements: Arc<PgAnnouncements>,
+    news: CommitNews,
+    /// Whether other processes' commits are listened for now.
+    listening: Arc<Listening>,
 }
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("pool", &self.pool)
+            .field("pool", self.db.pool())
             .field("batcher", &self.batcher)
             .finish_non_exhaustive()
     }
@@ -64,45 +59,49 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
-        let (pool, failover) = connection::open_pool(url, settings).await?;
-        let lanes = batch_lanes(settings.max_connections);
-        // Deletions waiting alone for a held row may take only the connections the batch
-        // lanes do not need.
+        let db = Database::open(url, settings).await?;
+        let workers = commit_workers(settings.max_connections);
+        // Deletions waiting alone for a locked row may take only the connections the
+        // commit workers do not need.
         let alone = (settings.max_connections as usize)
-            .saturating_sub(lanes)
+            .saturating_sub(workers)
             .max(1);
         let writer = Arc::new(PgWriter::new(
-            pool.clone(),
+            db.clone(),
             settings.idempotency_ttl.as_secs_f64(),
             alone,
-            Arc::clone(&failover),
         ));
-        let batcher = Batcher::start(Arc::clone(&writer) as Arc<dyn BatchWriter>, lanes);
+        let news = CommitNews::default();
+        let batcher = Batcher::start(
+            Arc::clone(&writer) as Arc<dyn BatchWriter>,
+            workers,
+            news.clone(),
+        );
         Ok(Self {
-            announcements: Arc::new(PgAnnouncements::new(pool.clone())),
-            pool,
+            db,
             writer,
             batcher,
-            failover,
+            news,
+            listening: Arc::default(),
         })
     }
 }
 
 /// Ready means able to delete: a server that takes no writes is not.
 /// A connection that fails it, or finds the server read-only, is closed rather than reused.
-async fn ping(pool: &PgPool) -> Result<(), StoreError> {
-    let mut conn = connection(pool).await?;
+async fn ping(db: &Database) -> Result<(), StoreError> {
+    let mut conn = db.conn().await?;
     let read_only = sqlx::query_scalar!(
         r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
     )
     .fetch_all(&mut *conn)
     .await
-    .map_err(classify);
+    .map_err(|err| db.error(err));
     match read_only.map(|rows| rows.first().copied().unwrap_or(true)) {
         Ok(false) => Ok(()),
         Ok(true) => {
             conn.close_on_drop();
-            Err(StoreError::ReadOnly)
+            Err(db.noticed(StoreError::ReadOnly))
         }
         Err(err) => {
             conn.close_on_drop();
@@ -115,16 +114,16 @@ async fn ping(pool: &PgPool) -> Result<(), StoreError> {
 impl Store for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn migrate(&self) -> Result<(), StoreError> {
-        Ok(MIGRATOR.run(&self.pool).await?)
+        Ok(MIGRATOR.run(self.db.pool()).await?)
     }
 
     async fn check_schema(&self) -> Result<(), StoreError> {
-        schema::check(&self.pool).await
+        schema::check(&self.db).await
     }
 
     #[tracing::instrument(skip(self))]
     async fn ping(&self) -> Result<(), StoreError> {
-        self.failover.watch(ping(&self.pool).await)
+        ping(&self.db).await
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]
@@ -132,52 +131,14 @@ impl Store for PostgresStore {
         self.batcher.delete(deletion).await
     }
 
-    async fn list_deletions(
-        &self,
-        filter: &DeletionFilter,
-    ) -> Result<Vec<DeletionRecord>, StoreError> {
-        self.failover
-            .watch(deletion_log::list(&self.pool, filter).await)
-    }
-
-    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
-        let restored = deletion_log::restore(&self.pool, entry, by).await;
-        if let Err(RestoreError::Store(err)) = &restored {
-            self.failover.notice(err);
-        }
-        restored
-    }
-
-    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
-        self.failover
-            .watch(deletion_log::prune(&self.pool, before).await)
-    }
-
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError> {
-        self.failover.watch(seed::seed(&self.pool, count).await)
-    }
-
-    async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
-        self.failover.watch(tokens::insert(&self.pool, token).await)
-    }
-
-    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        self.failover.watch(tokens::list(&self.pool).await)
-    }
-
-    async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-        self.failover
-            .watch(tokens::revoke(&self.pool, name, at).await)
-    }
-
-    async fn count_tokens(&self) -> Result<i64, StoreError> {
-        self.failover.watch(tokens::count(&self.pool).await)
+        seed::seed(&self.db, count).await
     }
 
     fn stats(&self) -> StoreStats {
         StoreStats {
-            pool_size: self.pool.size(),
-            pool_idle: self.pool.num_idle(),
+            pool_size: self.db.pool().size(),
+            pool_idle: self.db.pool().num_idle(),
             queued: self.batcher.queued(),
         }
     }
@@ -186,80 +147,14 @@ impl Store for PostgresStore {
         self.batcher.observe(observer);
     }
 
+    fn commits(&self) -> watch::Receiver<u64> {
+        let receiver = self.news.subscribe();
+        self.listening.keep_up(self.db.pool(), &self.news);
+        receiver
+    }
+
     async fn close(&self) {
         self.writer.release_all();
-        self.pool.close().await;
-    }
-}
-
-#[async_trait]
-impl Webhooks for PostgresStore {
-    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
-        self.failover
-            .watch(webhooks::add(&self.pool, endpoint).await)
-    }
-
-    async fn rotate_secret(
-        &self,
-        id: i64,
-        secret: &str,
-        overlap: Duration,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        self.failover
-            .watch(webhooks::rotate_secret(&self.pool, id, secret, overlap).await)
-    }
-
-    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
-        self.failover.watch(webhooks::list(&self.pool).await)
-    }
-
-    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
-        self.failover.watch(webhooks::remove(&self.pool, id).await)
-    }
-
-    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
-        self.failover.watch(webhooks::enable(&self.pool, id).await)
-    }
-
-    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
-        self.failover
-            .watch(webhooks::replay(&self.pool, id, from).await)
-    }
-
-    async fn claim_endpoints(
-        &self,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
-        self.failover
-            .watch(webhooks::claim(&self.pool, owner, lease).await)
-    }
-
-    async fn read_events(
-        &self,
-        after: StreamPosition,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
-        self.failover
-            .watch(webhooks::read(&self.pool, after, limit).await)
-    }
-
-    async fn report_delivery(
-        &self,
-        lease: &Lease,
-        owner: &str,
-        report: &DeliveryReport,
-    ) -> Result<bool, StoreError> {
-        self.failover
-            .watch(webhooks::report(&self.pool, lease, owner, report).await)
-    }
-
-    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
-        self.failover
-            .watch(webhooks::release(&self.pool, owner).await)
-    }
-
-    fn announcements(&self) -> Option<Arc<dyn Announcements>> {
-        Some(Arc::clone(&self.announcements) as Arc<dyn Announcements>)
+        self.db.pool().close().await;
     }
 }

@@ -1,12 +1,14 @@
 //! What the database holds of the tables the service needs, read from PostgreSQL's catalog.
 
-use plantstore_store::{SchemaFacts, StoreError, schema_verdict};
-use sqlx::postgres::PgPool;
+use plantstore_store::{
+    StoreError,
+    backend::{SchemaFacts, schema_verdict},
+};
 
-use crate::{connection::connection, errors::classify};
+use crate::database::Database;
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn check(pool: &PgPool) -> Result<(), StoreError> {
+#[tracing::instrument(skip(db))]
+pub(crate) async fn check(db: &Database) -> Result<(), StoreError> {
     // to_regclass resolves through search_path, as the service's own queries do. A
     // unique index counts only on exactly (id) and without a WHERE clause.
     let found = sqlx::query!(
@@ -32,9 +34,9 @@ pub(crate) async fn check(pool: &PgPool) -> Result<(), StoreError> {
                                 WHERE attrelid = to_regclass('plantstore_webhook_endpoints')
                                   AND attname = 'previous_secret' AND NOT attisdropped)) AS "own_tables!""#
         )
-        .fetch_one(&mut *connection(pool).await?)
+        .fetch_one(&mut *db.conn().await?)
         .await
-        .map_err(classify)?;
+        .map_err(|err| db.error(err))?;
     schema_verdict(&SchemaFacts {
         plants_id_type: found.id_type,
         plants_id_is_integer: found.id_is_integer,

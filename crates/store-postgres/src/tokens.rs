@@ -1,14 +1,16 @@
 //! API tokens as stored: hashes and dates, never a secret.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord, found};
-use sqlx::postgres::PgPool;
+use plantstore_store::{StoreError, TokenRecord, Tokens, backend::found};
 
-use crate::{connection::connection, errors::classify};
+use crate::PostgresStore;
 
-#[tracing::instrument(skip(pool, token), fields(name = %token.name))]
-pub(crate) async fn insert(pool: &PgPool, token: &TokenRecord) -> Result<(), StoreError> {
-    sqlx::query!(
+#[async_trait]
+impl Tokens for PostgresStore {
+    #[tracing::instrument(skip(self, token), fields(name = %token.name))]
+    async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        sqlx::query!(
             "INSERT INTO plantstore_tokens (name, lookup_id, secret_hash, created_at, expires_at, revoked_at)
              VALUES ($1, $2, $3, $4, $5, $6)",
             token.name,
@@ -18,41 +20,42 @@ pub(crate) async fn insert(pool: &PgPool, token: &TokenRecord) -> Result<(), Sto
             token.expires_at,
             token.revoked_at,
         )
-        .execute(&mut *connection(pool).await?)
+        .execute(&mut *self.db.conn().await?)
         .await
-        .map_err(classify)?;
-    Ok(())
-}
+        .map_err(|err| self.db.error(err))?;
+        Ok(())
+    }
 
-#[tracing::instrument(level = "debug", skip(pool))]
-pub(crate) async fn list(pool: &PgPool) -> Result<Vec<TokenRecord>, StoreError> {
-    sqlx::query_as!(
-        TokenRecord,
-        "SELECT name, lookup_id, secret_hash, created_at, expires_at, revoked_at
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        sqlx::query_as!(
+            TokenRecord,
+            "SELECT name, lookup_id, secret_hash, created_at, expires_at, revoked_at
              FROM plantstore_tokens ORDER BY created_at, name"
-    )
-    .fetch_all(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)
-}
-
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn revoke(pool: &PgPool, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_tokens SET revoked_at = COALESCE(revoked_at, $1) WHERE name = $2",
-        at,
-        name
-    )
-    .execute(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    found(done.rows_affected())
-}
-
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn count(pool: &PgPool) -> Result<i64, StoreError> {
-    sqlx::query_scalar!(r#"SELECT COUNT(*) AS "count!" FROM plantstore_tokens"#)
-        .fetch_one(&mut *connection(pool).await?)
+        )
+        .fetch_all(&mut *self.db.conn().await?)
         .await
-        .map_err(classify)
+        .map_err(|err| self.db.error(err))
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_tokens SET revoked_at = COALESCE(revoked_at, $1) WHERE name = $2",
+            at,
+            name
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        found(done.rows_affected())
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn count_tokens(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar!(r#"SELECT COUNT(*) AS "count!" FROM plantstore_tokens"#)
+            .fetch_one(&mut *self.db.conn().await?)
+            .await
+            .map_err(|err| self.db.error(err))
+    }
 }

@@ -4,43 +4,43 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, EventRow, Lease, LeaseRow, NewEndpoint, ReplayOutcome,
-    StoreError, StreamPosition, found,
-};
-use sqlx::postgres::PgPool;
-
-use crate::{
-    connection::{APPLICATION_NAME, connection},
-    errors::classify,
+    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
+    StreamPosition, Webhooks,
+    backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
 };
 
-#[tracing::instrument(skip_all)]
-pub(crate) async fn add(pool: &PgPool, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
-    // The cursor starts before every transaction still running: whatever commits from now
-    // on is after it (a few events committed just before may come too).
-    sqlx::query_scalar!(
-        "INSERT INTO plantstore_webhook_endpoints
+use crate::{PostgresStore, database::APPLICATION_NAME};
+
+#[async_trait]
+impl Webhooks for PostgresStore {
+    #[tracing::instrument(skip_all)]
+    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
+        // The cursor starts before every transaction still running: whatever commits from now
+        // on is after it (a few events committed just before may come too).
+        sqlx::query_scalar!(
+            "INSERT INTO plantstore_webhook_endpoints
              (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id)
          VALUES ($1, $2, $3, $4,
                  pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT - 1, 2, 0)
          RETURNING id",
-        endpoint.url,
-        endpoint.events,
-        endpoint.secret,
-        endpoint.http2
-    )
-    .fetch_one(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)
-}
+            endpoint.url,
+            event_list(&endpoint.events),
+            endpoint.secret,
+            endpoint.http2
+        )
+        .fetch_one(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn list(pool: &PgPool) -> Result<Vec<EndpointRecord>, StoreError> {
-    sqlx::query_as!(
-        EndpointRecord,
-        r#"SELECT e.id, e.url, e.events, e.http2, e.previous_secret_until, e.state,
+    #[tracing::instrument(skip(self))]
+    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
+        let rows = sqlx::query_as!(
+            EndpointRow,
+            r#"SELECT e.id, e.url, e.events, e.http2, e.previous_secret_until, e.state,
                   e.delivered_through, e.last_error,
                   e.next_attempt_at, e.created_at,
                   (SELECT count(*) FROM plantstore_deletions d
@@ -52,101 +52,103 @@ pub(crate) async fn list(pool: &PgPool) -> Result<Vec<EndpointRecord>, StoreErro
                         AND (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
                             > (e.cursor_pos, e.cursor_kind, e.cursor_id)) AS "pending!"
            FROM plantstore_webhook_endpoints e ORDER BY e.id"#
-    )
-    .fetch_all(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)
-}
-
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn remove(pool: &PgPool, id: i64) -> Result<(), StoreError> {
-    let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = $1", id)
-        .execute(&mut *connection(pool).await?)
+        )
+        .fetch_all(&mut *self.db.conn().await?)
         .await
-        .map_err(classify)?;
-    found(done.rows_affected())
-}
+        .map_err(|err| self.db.error(err))?;
+        rows.into_iter().map(EndpointRecord::try_from).collect()
+    }
 
-#[tracing::instrument(skip(pool, secret))]
-pub(crate) async fn rotate_secret(
-    pool: &PgPool,
-    id: i64,
-    secret: &str,
-    overlap: Duration,
-) -> Result<DateTime<Utc>, StoreError> {
-    let until = sqlx::query_scalar!(
-        r#"UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = $1", id)
+            .execute(&mut *self.db.conn().await?)
+            .await
+            .map_err(|err| self.db.error(err))?;
+        found(done.rows_affected())
+    }
+
+    #[tracing::instrument(skip(self, secret))]
+    async fn rotate_secret(
+        &self,
+        id: i64,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        let until = sqlx::query_scalar!(
+            r#"UPDATE plantstore_webhook_endpoints
            SET previous_secret = secret, previous_secret_until = now() + make_interval(secs => $3),
                secret = $2
            WHERE id = $1
            RETURNING previous_secret_until AS "until!""#,
-        id,
-        secret,
-        overlap.as_secs_f64()
-    )
-    .fetch_optional(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    until.ok_or(StoreError::NotFound)
-}
+            id,
+            secret,
+            overlap.as_secs_f64()
+        )
+        .fetch_optional(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        until.ok_or(StoreError::NotFound)
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn enable(pool: &PgPool, id: i64) -> Result<(), StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET state = 'active', last_error = NULL, next_attempt_at = NULL,
              generation = generation + 1
          WHERE id = $1",
-        id
-    )
-    .execute(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    found(done.rows_affected())
-}
+            id
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        found(done.rows_affected())
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn replay(pool: &PgPool, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
-    let mut conn = connection(pool).await?;
-    let moved = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints e
+    #[tracing::instrument(skip(self))]
+    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
+        let mut conn = self.db.conn().await?;
+        let moved = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints e
          SET cursor_pos = d.xid::TEXT::BIGINT, cursor_kind = 0, cursor_id = d.id - 1,
              generation = e.generation + 1
          FROM plantstore_deletions d
          WHERE e.id = $1 AND d.id = $2 AND d.xid IS NOT NULL",
-        id,
-        from
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(classify)?;
-    if moved.rows_affected() > 0 {
-        return Ok(ReplayOutcome::Done);
+            id,
+            from
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        if moved.rows_affected() > 0 {
+            self.news.bump();
+            return Ok(ReplayOutcome::Done);
+        }
+        let exists = sqlx::query_scalar!(
+            r#"SELECT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints WHERE id = $1) AS "e!""#,
+            id
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(if exists {
+            ReplayOutcome::NoEntry
+        } else {
+            ReplayOutcome::NoEndpoint
+        })
     }
-    let exists = sqlx::query_scalar!(
-        r#"SELECT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints WHERE id = $1) AS "e!""#,
-        id
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(classify)?;
-    Ok(if exists {
-        ReplayOutcome::NoEntry
-    } else {
-        ReplayOutcome::NoEndpoint
-    })
-}
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn claim(
-    pool: &PgPool,
-    owner: &str,
-    lease: Duration,
-) -> Result<Vec<Lease>, StoreError> {
-    // The database's clock, not the instances': theirs may disagree.
-    let rows = sqlx::query_as!(
-        LeaseRow,
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn claim_endpoints(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        // The database's clock, not the instances': theirs may disagree.
+        let rows = sqlx::query_as!(
+            LeaseRow,
+            "UPDATE plantstore_webhook_endpoints
          SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
          WHERE state <> 'disabled'
            AND (lease_owner IS NULL OR lease_owner = $1 OR lease_until < now())
@@ -154,35 +156,35 @@ pub(crate) async fn claim(
                    CASE WHEN previous_secret_until > now() THEN previous_secret END
                        AS \"previous_secret?\",
                    http2, generation, cursor_pos, cursor_kind, cursor_id",
-        owner,
-        lease.as_secs_f64()
-    )
-    .fetch_all(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    Ok(rows.into_iter().map(Lease::from).collect())
-}
+            owner,
+            lease.as_secs_f64()
+        )
+        .fetch_all(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        rows.into_iter().map(Lease::try_from).collect()
+    }
 
-#[tracing::instrument(level = "debug", skip(pool))]
-pub(crate) async fn read(
-    pool: &PgPool,
-    after: StreamPosition,
-    limit: i64,
-) -> Result<Vec<Event>, StoreError> {
-    // The horizon: the oldest transaction running in this statement's snapshot, leaving
-    // out those that pg_stat_activity shows in a session of another application (only
-    // the service's sessions write the log, so another application's long transaction,
-    // in any database of the server, holds no event back). Every other transaction below
-    // it had ended when the snapshot was taken, so its entries are visible here, and none
-    // can still commit behind what is read. A running transaction not found there (it
-    // ended meanwhile, or is prepared) still counts: only a stall, never a skip, comes of
-    // doubt. Each kind is read in its index's order and cut at `limit`, so a read costs
-    // what it returns, not the whole backlog.
-    let (deletes_xid, deletes_id) = after.after_for(0);
-    let (restores_xid, restores_id) = after.after_for(1);
-    let rows = sqlx::query_as!(
-        EventRow,
-        r#"WITH snapshot AS (SELECT pg_current_snapshot() AS taken),
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn read_events(
+        &self,
+        after: StreamPosition,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        // The horizon: the oldest transaction running in this statement's snapshot, leaving
+        // out those that pg_stat_activity shows in a session of another application (only
+        // the service's sessions write the log, so another application's long transaction,
+        // in any database of the server, holds no event back). Every other transaction below
+        // it had ended when the snapshot was taken, so its entries are visible here, and none
+        // can still commit behind what is read. A running transaction not found there (it
+        // ended meanwhile, or is prepared) still counts: only a stall, never a skip, comes of
+        // doubt. Each kind is read in its index's order and cut at `limit`, so a read costs
+        // what it returns, not the whole backlog.
+        let (deletes_xid, deletes_id) = after.after_for(0);
+        let (restores_xid, restores_id) = after.after_for(1);
+        let rows = sqlx::query_as!(
+            EventRow,
+            r#"WITH snapshot AS (SELECT pg_current_snapshot() AS taken),
            horizon AS (
                SELECT LEAST(pg_snapshot_xmax(taken),
                             (SELECT min(running) FROM pg_snapshot_xip(taken) AS running
@@ -216,58 +218,59 @@ pub(crate) async fn read(
            ) AS events
            ORDER BY pos, kind, id
            LIMIT $5"#,
-        deletes_xid,
-        deletes_id,
-        restores_xid,
-        restores_id,
-        limit,
-        APPLICATION_NAME
-    )
-    .fetch_all(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    rows.into_iter().map(Event::try_from).collect()
-}
+            deletes_xid,
+            deletes_id,
+            restores_xid,
+            restores_id,
+            limit,
+            APPLICATION_NAME
+        )
+        .fetch_all(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        rows.into_iter().map(Event::try_from).collect()
+    }
 
-#[tracing::instrument(level = "debug", skip(pool, lease), fields(endpoint = lease.endpoint))]
-pub(crate) async fn report(
-    pool: &PgPool,
-    lease: &Lease,
-    owner: &str,
-    report: &DeliveryReport,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]
+    async fn report_delivery(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        report: &DeliveryReport,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = $4, cursor_kind = $5, cursor_id = $6,
              delivered_through = COALESCE($7, delivered_through),
              state = $8, last_error = $9, next_attempt_at = $10
          WHERE id = $1 AND lease_owner = $2 AND generation = $3 AND state <> 'disabled'",
-        lease.endpoint,
-        owner,
-        lease.generation,
-        report.cursor.pos,
-        report.cursor.kind,
-        report.cursor.id,
-        report.delivered_through,
-        report.state,
-        report.last_error,
-        report.next_attempt_at,
-    )
-    .execute(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    Ok(done.rows_affected() > 0)
-}
+            lease.endpoint_id,
+            owner,
+            lease.generation,
+            report.cursor.pos,
+            report.cursor.kind,
+            report.cursor.seq,
+            report.delivered_through,
+            report.state.as_str(),
+            report.last_error,
+            report.next_attempt_at,
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(done.rows_affected() > 0)
+    }
 
-#[tracing::instrument(skip(pool))]
-pub(crate) async fn release(pool: &PgPool, owner: &str) -> Result<(), StoreError> {
-    sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
+    #[tracing::instrument(skip(self))]
+    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
          WHERE lease_owner = $1",
-        owner
-    )
-    .execute(&mut *connection(pool).await?)
-    .await
-    .map_err(classify)?;
-    Ok(())
+            owner
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(())
+    }
 }

@@ -1,62 +1,54 @@
-//! The writer: the batch lanes' kept connections, a deletion retried alone on a held row.
-
-use std::sync::Arc;
+//! The writer: the commit workers' kept connections, a deletion retried alone on a
+//! locked row, and word to the other instances after each commit that deleted.
 
 use async_trait::async_trait;
 use plantstore_store::{
-    BatchWriter, Deletion, KeptConnections, LimitedConnection, Outcome, StoreError, earliest,
-    keyed_outcome, wait_until,
+    Deletion, StoreError,
+    backend::{
+        BatchConnections, BatchWriter, DeletionOutcome, LimitedConnection, earliest,
+        replay_or_reuse, wait_until,
+    },
 };
-use sqlx::{Connection, Executor, PgConnection, Postgres, pool::PoolConnection, postgres::PgPool};
+use sqlx::{Connection, Executor, PgConnection, Postgres, pool::PoolConnection};
 use tokio::{sync::Semaphore, time::Instant};
 
 use crate::{
+    announcements::Announcer,
     batch::{self, lock_keys},
-    errors::{classify, unavailable},
-    failover::Failover,
-    limits::{LaneConnection, begin_limited, limit_session, may_commit, renew_local},
+    database::Database,
+    wait_limits::{WorkerConnection, begin_limited, limit_session, may_commit, renew_local},
 };
 
 /// Commits the batches: each is one autocommit statement, so one round trip.
 pub(crate) struct PgWriter {
-    pool: PgPool,
-    /// Connections the lanes keep between batches (see `KeptConnections`).
-    kept: KeptConnections<LaneConnection>,
+    db: Database,
+    /// Connections the commit workers keep between batches (see `BatchConnections`).
+    kept: BatchConnections<WorkerConnection>,
     /// `PLANTSTORE_IDEMPOTENCY_TTL` in seconds, for `make_interval`.
     idempotency_ttl: f64,
-    /// Deletions waiting alone for a held row may take only the connections the batch
-    /// lanes do not need.
+    /// Deletions waiting alone for a locked row may take only the connections the commit
+    /// workers do not need.
     alone: Semaphore,
-    /// Told when a batch finds the database unavailable or read-only.
-    failover: Arc<Failover>,
+    announcer: Announcer,
 }
 
 impl PgWriter {
-    /// `alone`: how many deletions may wait alone for a held row at once.
-    pub(crate) fn new(
-        pool: PgPool,
-        idempotency_ttl: f64,
-        alone: usize,
-        failover: Arc<Failover>,
-    ) -> Self {
+    /// `alone`: how many deletions may wait alone for a locked row at once.
+    pub(crate) fn new(db: Database, idempotency_ttl: f64, alone: usize) -> Self {
         Self {
-            pool,
-            kept: KeptConnections::default(),
+            announcer: Announcer::start(db.clone()),
+            db,
+            kept: BatchConnections::default(),
             idempotency_ttl,
             alone: Semaphore::new(alone),
-            failover,
         }
     }
 
     /// A kept connection, else one from the pool by `deadline`.
-    async fn lane(&self, deadline: Instant) -> Result<LaneConnection, StoreError> {
+    async fn worker_connection(&self, deadline: Instant) -> Result<WorkerConnection, StoreError> {
         match self.kept.take() {
-            Some(lane) => Ok(lane),
-            None => wait_until(deadline, async {
-                self.pool.acquire().await.map_err(unavailable)
-            })
-            .await
-            .map(LimitedConnection::new),
+            Some(kept) => Ok(kept),
+            None => self.db.conn_by(deadline).await.map(LimitedConnection::new),
         }
     }
 
@@ -66,48 +58,56 @@ impl PgWriter {
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
-    async fn commit_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
+    async fn commit_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
         let deadline = earliest(batch)?;
-        let mut lane = self.lane(deadline).await?;
+        let mut kept = self.worker_connection(deadline).await?;
         // Bounded here too, not only by the server's limits: a server that stopped
-        // answering (a host gone without a reset, a network cut) would hold the lane,
+        // answering (a host gone without a reset, a network cut) would hold the worker,
         // and the request's answer, forever.
-        let committed = wait_until(deadline, async {
-            limit_session(&mut lane, deadline).await?;
-            batch::run(&mut lane.conn, batch, self.idempotency_ttl, deadline).await
-        })
-        .await;
+        let committed = self
+            .db
+            .within(deadline, async {
+                limit_session(&self.db, &mut kept, deadline).await?;
+                batch::run(
+                    &self.db,
+                    &mut kept.conn,
+                    batch,
+                    self.idempotency_ttl,
+                    deadline,
+                )
+                .await
+            })
+            .await;
         match committed {
             Ok(outcomes) => {
-                self.kept.keep(lane);
+                self.kept.keep(kept);
                 Ok(outcomes)
             }
             Err(err) => {
                 // Closed, not handed back to the pool: it may be broken, on a server that
                 // turned read-only, or carry this batch's session limits.
-                lane.conn.close_on_drop();
+                kept.conn.close_on_drop();
                 Err(err)
             }
         }
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id))]
-    async fn commit_alone(&self, deletion: &Deletion) -> Result<Outcome, StoreError> {
+    async fn commit_alone(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
         let deadline = deletion.deadline;
         let _permit = wait_until(deadline, async {
             self.alone.acquire().await.map_err(|_| StoreError::Stopped)
         })
         .await?;
-        // Waits for a held row up to what the deadline leaves; a concurrent delete of the
+        // Waits for a locked row up to what the deadline leaves; a concurrent delete of the
         // same row commits first and this one then finds nothing: one 204. With a key, the
         // transaction first waits for any request holding the same key and looks for its
         // entry.
-        let mut conn = wait_until(deadline, async {
-            self.pool.acquire().await.map_err(unavailable)
-        })
-        .await?;
-        let committed =
-            wait_until(deadline, self.delete_limited(&mut conn, deadline, deletion)).await;
+        let mut conn = self.db.conn_by(deadline).await?;
+        let committed = self
+            .db
+            .within(deadline, self.delete_limited(&mut conn, deadline, deletion))
+            .await;
         if committed.is_err() {
             // It may be broken or on a server that turned read-only: not reused.
             conn.close_on_drop();
@@ -122,45 +122,57 @@ impl PgWriter {
         conn: &mut PoolConnection<Postgres>,
         deadline: Instant,
         deletion: &Deletion,
-    ) -> Result<Outcome, StoreError> {
+    ) -> Result<DeletionOutcome, StoreError> {
+        let db = &self.db;
         let mut tx = conn
             .begin_with(begin_limited(deadline)?)
             .await
-            .map_err(classify)?;
+            .map_err(|err| db.error(err))?;
         let outcome = match &deletion.idempotency_key {
-            None => delete_row(&mut tx, deletion).await?,
+            None => delete_row(db, &mut tx, deletion).await?,
             Some(key) => {
-                lock_keys(&mut tx, std::slice::from_ref(deletion)).await?;
-                let earlier = earlier_use(&mut tx, deletion, key, self.idempotency_ttl).await?;
-                match keyed_outcome(deletion, earlier) {
+                lock_keys(db, &mut tx, std::slice::from_ref(deletion)).await?;
+                let earlier = earlier_use(db, &mut tx, deletion, key, self.idempotency_ttl).await?;
+                match replay_or_reuse(deletion, earlier) {
                     Some(outcome) => outcome,
                     None => {
-                        tx.execute(renew_local(deadline)?).await.map_err(classify)?;
-                        delete_row(&mut tx, deletion).await?
+                        tx.execute(renew_local(deadline)?)
+                            .await
+                            .map_err(|err| db.error(err))?;
+                        delete_row(db, &mut tx, deletion).await?
                     }
                 }
             }
         };
         may_commit(deadline)?;
-        tx.commit().await.map_err(classify)?;
+        tx.commit().await.map_err(|err| db.error(err))?;
         Ok(outcome)
     }
 }
 
 #[async_trait]
 impl BatchWriter for PgWriter {
-    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
-        self.failover.watch(self.commit_batch(batch).await)
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
+        let outcomes = self.commit_batch(batch).await?;
+        if outcomes.contains(&DeletionOutcome::Deleted) {
+            self.announcer.announce();
+        }
+        Ok(outcomes)
     }
 
-    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError> {
-        self.failover.watch(self.commit_alone(deletion).await)
+    async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
+        let outcome = self.commit_alone(deletion).await?;
+        if outcome == DeletionOutcome::Deleted {
+            self.announcer.announce();
+        }
+        Ok(outcome)
     }
 }
 
 /// The plant this caller's `key` deleted within the replay window (`idempotency_ttl`
 /// seconds), if it did.
 async fn earlier_use(
+    db: &Database,
     conn: &mut PgConnection,
     deletion: &Deletion,
     key: &str,
@@ -177,11 +189,15 @@ async fn earlier_use(
     )
     .fetch_optional(&mut *conn)
     .await
-    .map_err(classify)
+    .map_err(|err| db.error(err))
 }
 
 /// Deletes one plant, waiting for its row, and writes its audit row.
-async fn delete_row(conn: &mut PgConnection, deletion: &Deletion) -> Result<Outcome, StoreError> {
+async fn delete_row(
+    db: &Database,
+    conn: &mut PgConnection,
+    deletion: &Deletion,
+) -> Result<DeletionOutcome, StoreError> {
     let deleted = sqlx::query_scalar!(
         "WITH deleted AS (DELETE FROM plants p WHERE p.id = $1::BIGINT
                           RETURNING p.id, to_jsonb(p) AS snapshot)
@@ -196,10 +212,10 @@ async fn delete_row(conn: &mut PgConnection, deletion: &Deletion) -> Result<Outc
     )
     .fetch_all(&mut *conn)
     .await
-    .map_err(classify)?;
+    .map_err(|err| db.error(err))?;
     Ok(if deleted.is_empty() {
-        Outcome::NotFound
+        DeletionOutcome::NotFound
     } else {
-        Outcome::Deleted
+        DeletionOutcome::Deleted
     })
 }

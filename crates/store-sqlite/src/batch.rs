@@ -10,8 +10,9 @@ use std::{
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    BatchResult, BatchWriter, Deletion, Outcome, StoreError, before_now, earliest, remaining,
-    sole_outcome,
+    Deletion, StoreError,
+    backend::{BatchResult, BatchWriter, DeletionOutcome, earliest, only_outcome, remaining},
+    before_now,
 };
 use sqlx::{Connection, SqliteConnection};
 
@@ -40,7 +41,7 @@ impl SqliteWriter {
 #[async_trait]
 impl BatchWriter for SqliteWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
-    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError> {
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
         let mut writer = self.connection.lock_by(earliest(batch)?).await?;
         let conn = writer.conn()?;
         let columns = self
@@ -60,8 +61,8 @@ impl BatchWriter for SqliteWriter {
     }
 
     /// SQLite has no row locks to wait for: one deletion alone is a batch of one.
-    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError> {
-        sole_outcome(self.delete_batch(std::slice::from_ref(deletion)).await?)
+    async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
+        only_outcome(self.delete_batch(std::slice::from_ref(deletion)).await?)
     }
 }
 
@@ -72,7 +73,7 @@ async fn commit_batch(
     columns: &PlantColumns,
     since: DateTime<Utc>,
     batch: &[Deletion],
-) -> Result<Vec<Outcome>, StoreError> {
+) -> Result<Vec<DeletionOutcome>, StoreError> {
     // IMMEDIATE takes the write lock up front: another process's writer makes this wait on
     // the busy timeout instead of failing to upgrade a read lock. Holding it, the keys
     // read below cannot be used by another writer before this commit.
@@ -104,7 +105,7 @@ async fn commit_batch(
         let audit: Vec<AuditRow<'_>> = batch
             .iter()
             .zip(&outcomes)
-            .filter(|(_, outcome)| **outcome == Outcome::Deleted)
+            .filter(|(_, outcome)| **outcome == DeletionOutcome::Deleted)
             .map(|(d, _)| {
                 (
                     d.plant_id,

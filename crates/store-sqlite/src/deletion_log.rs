@@ -1,50 +1,82 @@
 //! The deletion log: listing it, putting a deleted plant back, pruning old entries.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{DeletionFilter, DeletionRecord, EntryState, RestoreError, StoreError};
-use sqlx::{Connection, SqliteConnection, SqlitePool};
+use plantstore_store::{
+    DeletionFilter, DeletionLog, DeletionRecord, RestoreError, StoreError,
+    backend::{EntryState, column_changes},
+};
+use sqlx::{Connection, SqliteConnection};
 
-use crate::{errors::classify, snapshot, writer::WriteConnection};
+use crate::{SqliteStore, errors::classify, snapshot};
 
-#[tracing::instrument(skip(readers))]
-pub(crate) async fn list(
-    readers: &SqlitePool,
-    filter: &DeletionFilter,
-) -> Result<Vec<DeletionRecord>, StoreError> {
-    let since = filter.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
-    sqlx::query_as!(
-        DeletionRecord,
-        r#"SELECT id AS "id!: i64", plant_id AS "plant_id!: i64", token_name AS caller,
+#[async_trait]
+impl DeletionLog for SqliteStore {
+    #[tracing::instrument(skip(self))]
+    async fn list_deletions(
+        &self,
+        filter: &DeletionFilter,
+    ) -> Result<Vec<DeletionRecord>, StoreError> {
+        let since = filter.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        sqlx::query_as!(
+            DeletionRecord,
+            r#"SELECT id AS "id!: i64", plant_id AS "plant_id!: i64", token_name AS caller,
                       request_id, idempotency_key, deleted_at AS "deleted_at!: DateTime<Utc>",
                       snapshot, restored_at AS "restored_at?: DateTime<Utc>", restored_by
                FROM plantstore_deletions
                WHERE (? IS NULL OR plant_id = ?) AND (? IS NULL OR token_name = ?)
                  AND deleted_at >= ?
                ORDER BY id DESC LIMIT ?"#,
-        filter.plant_id,
-        filter.plant_id,
-        filter.caller,
-        filter.caller,
-        since,
-        filter.limit,
-    )
-    .fetch_all(readers)
-    .await
-    .map_err(classify)
-}
-
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn restore(
-    writer: &WriteConnection,
-    entry: i64,
-    by: &str,
-) -> Result<i64, RestoreError> {
-    let mut writer = writer.lock().await?;
-    let restored = restore_entry(writer.conn()?, entry, by).await;
-    if let Err(RestoreError::Store(_)) = restored {
-        writer.discard().await;
+            filter.plant_id,
+            filter.plant_id,
+            filter.caller,
+            filter.caller,
+            since,
+            filter.limit,
+        )
+        .fetch_all(&self.readers)
+        .await
+        .map_err(classify)
     }
-    restored
+
+    #[tracing::instrument(skip(self))]
+    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
+        let mut writer = self.writer.lock().await?;
+        let restored = restore_entry(writer.conn()?, entry, by).await;
+        match restored {
+            Ok(_) => self.news.bump(),
+            Err(RestoreError::Store(_)) => writer.discard().await,
+            Err(_) => {}
+        }
+        restored
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+        // An entry stays while an endpoint not disabled has yet to receive its delete or its
+        // restore. While any endpoint exists, the newest entry and the latest restored stay
+        // too: a new row gets the highest id plus one, a new restore the highest restored_seq
+        // plus one, and either going back would put new events behind the endpoints' cursors.
+        let done = sqlx::query!(
+            "DELETE FROM plantstore_deletions AS d
+         WHERE d.deleted_at < ?1
+           AND ((d.id < (SELECT MAX(id) FROM plantstore_deletions)
+                 AND (d.restored_seq IS NULL
+                      OR d.restored_seq < (SELECT MAX(restored_seq) FROM plantstore_deletions)))
+                OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
+           AND NOT EXISTS (
+               SELECT 1 FROM plantstore_webhook_endpoints e
+               WHERE e.state <> 'disabled'
+                 AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
+                      OR (d.restored_pos, 1, d.restored_seq)
+                         > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
+            before
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected())
+    }
 }
 
 /// Puts the snapshot of log entry `entry` back into `plants` and marks the entry
@@ -81,7 +113,7 @@ async fn restore_entry(
     .fetch_all(&mut *tx)
     .await
     .map_err(classify)?;
-    plantstore_store::column_changes(&table, &held)?;
+    column_changes(&table, &held)?;
     snapshot::insert_from_snapshot(&table, entry)
         .execute(&mut *tx)
         .await
@@ -104,34 +136,4 @@ async fn restore_entry(
         .await
         .map_err(|err| RestoreError::from_insert(classify(err)))?;
     Ok(plant_id)
-}
-
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn prune(
-    writer: &WriteConnection,
-    before: DateTime<Utc>,
-) -> Result<u64, StoreError> {
-    // An entry stays while an endpoint not disabled has yet to receive its delete or its
-    // restore. While any endpoint exists, the newest entry and the latest restored stay
-    // too: a new row gets the highest id plus one, a new restore the highest restored_seq
-    // plus one, and either going back would put new events behind the endpoints' cursors.
-    let done = sqlx::query!(
-        "DELETE FROM plantstore_deletions AS d
-         WHERE d.deleted_at < ?1
-           AND ((d.id < (SELECT MAX(id) FROM plantstore_deletions)
-                 AND (d.restored_seq IS NULL
-                      OR d.restored_seq < (SELECT MAX(restored_seq) FROM plantstore_deletions)))
-                OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
-           AND NOT EXISTS (
-               SELECT 1 FROM plantstore_webhook_endpoints e
-               WHERE e.state <> 'disabled'
-                 AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
-                      OR (d.restored_pos, 1, d.restored_seq)
-                         > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
-        before
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    Ok(done.rows_affected())
 }

@@ -1,6 +1,6 @@
 //! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
-//! one writer connection and a pool of readers. This file connects and says which file
-//! serves each method of `Store`.
+//! one writer connection and a pool of readers. This file connects and serves `Store`;
+//! `deletion_log.rs`, `tokens.rs` and `webhooks.rs` each implement their trait.
 
 mod batch;
 mod deletion_log;
@@ -13,18 +13,17 @@ mod tokens;
 mod webhooks;
 mod writer;
 
-use std::{str::FromStr, sync::Arc, time::Duration};
+use std::{str::FromStr, sync::Arc};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use plantstore_store::{
-    Announcements, Batcher, CommitObserver, Deleted, Deletion, DeletionFilter, DeletionRecord,
-    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, RestoreError, Store,
-    StoreError, StoreSettings, StoreStats, StreamPosition, TokenRecord, Webhooks, probe,
+    CommitObserver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
+    backend::{Batcher, CommitNews, probe},
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
+use tokio::sync::watch;
 
 use batch::SqliteWriter;
 use errors::classify;
@@ -37,6 +36,7 @@ pub struct SqliteStore {
     writer: Arc<WriteConnection>,
     readers: SqlitePool,
     batcher: Batcher,
+    news: CommitNews,
 }
 
 /// The connection settings of the service, also used by the benchmark's raw SQLite loop
@@ -79,17 +79,20 @@ impl SqliteStore {
             .await
             .map_err(classify)?;
         let writer = Arc::new(WriteConnection::new(write_pool, settings.acquire_timeout));
+        let news = CommitNews::default();
         let batcher = Batcher::start(
             Arc::new(SqliteWriter::new(
                 Arc::clone(&writer),
                 settings.idempotency_ttl,
             )),
             1,
+            news.clone(),
         );
         Ok(Self {
             writer,
             readers,
             batcher,
+            news,
         })
     }
 }
@@ -119,39 +122,8 @@ impl Store for SqliteStore {
         self.batcher.delete(deletion).await
     }
 
-    async fn list_deletions(
-        &self,
-        filter: &DeletionFilter,
-    ) -> Result<Vec<DeletionRecord>, StoreError> {
-        deletion_log::list(&self.readers, filter).await
-    }
-
-    async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
-        deletion_log::restore(&self.writer, entry, by).await
-    }
-
-    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
-        deletion_log::prune(&self.writer, before).await
-    }
-
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError> {
         seed::seed(&self.writer, count).await
-    }
-
-    async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
-        tokens::insert(&self.writer, token).await
-    }
-
-    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        tokens::list(&self.readers).await
-    }
-
-    async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
-        tokens::revoke(&self.writer, name, at).await
-    }
-
-    async fn count_tokens(&self) -> Result<i64, StoreError> {
-        tokens::count(&self.readers).await
     }
 
     fn stats(&self) -> StoreStats {
@@ -166,74 +138,13 @@ impl Store for SqliteStore {
         self.batcher.observe(observer);
     }
 
+    /// Another process's commits are found by delivery's poll.
+    fn commits(&self) -> watch::Receiver<u64> {
+        self.news.subscribe()
+    }
+
     async fn close(&self) {
         self.writer.close().await;
         self.readers.close().await;
-    }
-}
-
-#[async_trait]
-impl Webhooks for SqliteStore {
-    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
-        webhooks::add(&self.writer, endpoint).await
-    }
-
-    async fn rotate_secret(
-        &self,
-        id: i64,
-        secret: &str,
-        overlap: Duration,
-    ) -> Result<DateTime<Utc>, StoreError> {
-        webhooks::rotate_secret(&self.writer, id, secret, overlap).await
-    }
-
-    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
-        webhooks::list(&self.readers).await
-    }
-
-    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
-        webhooks::remove(&self.writer, id).await
-    }
-
-    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
-        webhooks::enable(&self.writer, id).await
-    }
-
-    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
-        webhooks::replay(&self.writer, id, from).await
-    }
-
-    async fn claim_endpoints(
-        &self,
-        owner: &str,
-        lease: Duration,
-    ) -> Result<Vec<Lease>, StoreError> {
-        webhooks::claim(&self.writer, owner, lease).await
-    }
-
-    async fn read_events(
-        &self,
-        after: StreamPosition,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
-        stream::read(&self.readers, after, limit).await
-    }
-
-    async fn report_delivery(
-        &self,
-        lease: &Lease,
-        owner: &str,
-        report: &DeliveryReport,
-    ) -> Result<bool, StoreError> {
-        webhooks::report(&self.writer, lease, owner, report).await
-    }
-
-    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
-        webhooks::release(&self.writer, owner).await
-    }
-
-    /// Another process's commits are found by delivery's poll.
-    fn announcements(&self) -> Option<Arc<dyn Announcements>> {
-        None
     }
 }

@@ -1,6 +1,9 @@
 //! What the database holds of the tables the service needs, read from SQLite's catalog.
 
-use plantstore_store::{SchemaFacts, StoreError, schema_verdict};
+use plantstore_store::{
+    StoreError,
+    backend::{SchemaFacts, schema_verdict},
+};
 use sqlx::SqlitePool;
 
 use crate::errors::classify;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use chrono::{DateTime, NaiveDateTime, Utc};
-use plantstore_store::{Event, EventRow, StoreError, StreamPosition};
+use plantstore_store::{Event, StoreError, StreamPosition, backend::EventRow};
 use sqlx::SqlitePool;
 
 use crate::errors::classify;
@@ -57,8 +57,9 @@ pub(crate) async fn read(
     .map_err(classify)?;
     let mut events = decode(&batch)?;
     // The aggregate keeps the inner order in practice; the stream's order is not left to it.
-    events
-        .sort_unstable_by_key(|event| (event.position.pos, event.position.kind, event.position.id));
+    events.sort_unstable_by_key(|event| {
+        (event.position.pos, event.position.kind, event.position.seq)
+    });
     Ok(events)
 }
 
@@ -98,7 +99,7 @@ fn decode(batch: &str) -> Result<Vec<Event>, StoreError> {
                 restored_at: row.restored_at.as_deref().map(time).transpose()?,
                 restored_by: row.restored_by,
             })?;
-            event.position.id = row.seq;
+            event.position.seq = row.seq;
             Ok(event)
         })
         .collect()
@@ -155,7 +156,7 @@ mod tests {
         let entry = &events[0].entry;
         assert_eq!((entry.id, entry.plant_id), (7, 3));
         let place = events[0].position;
-        assert_eq!((place.pos, place.kind, place.id), (9, 1, 2));
+        assert_eq!((place.pos, place.kind, place.seq), (9, 1, 2));
         assert_eq!(entry.snapshot.as_deref(), Some(r#"{"name":"fern"}"#));
         assert!(entry.idempotency_key.is_none() && entry.restored_by.is_none());
         assert_eq!(decode("[]").expect("empty").len(), 0);

@@ -1,17 +1,16 @@
 //! API tokens as stored: hashes and dates, never a secret.
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord, found};
-use sqlx::SqlitePool;
+use plantstore_store::{StoreError, TokenRecord, Tokens, backend::found};
 
-use crate::{errors::classify, writer::WriteConnection};
+use crate::{SqliteStore, errors::classify};
 
-#[tracing::instrument(skip(writer, token), fields(name = %token.name))]
-pub(crate) async fn insert(
-    writer: &WriteConnection,
-    token: &TokenRecord,
-) -> Result<(), StoreError> {
-    sqlx::query!(
+#[async_trait]
+impl Tokens for SqliteStore {
+    #[tracing::instrument(skip(self, token), fields(name = %token.name))]
+    async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        sqlx::query!(
             "INSERT INTO plantstore_tokens (name, lookup_id, secret_hash, created_at, expires_at, revoked_at)
              VALUES (?, ?, ?, ?, ?, ?)",
             token.name,
@@ -21,48 +20,45 @@ pub(crate) async fn insert(
             token.expires_at,
             token.revoked_at,
         )
-        .execute(writer.lock().await?.conn()?)
+        .execute(self.writer.lock().await?.conn()?)
         .await
         .map_err(classify)?;
-    Ok(())
-}
+        Ok(())
+    }
 
-#[tracing::instrument(level = "debug", skip(readers))]
-pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<TokenRecord>, StoreError> {
-    sqlx::query_as!(
-        TokenRecord,
-        r#"SELECT name AS "name!", lookup_id AS "lookup_id!", secret_hash AS "secret_hash!",
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        sqlx::query_as!(
+            TokenRecord,
+            r#"SELECT name AS "name!", lookup_id AS "lookup_id!", secret_hash AS "secret_hash!",
                       created_at AS "created_at!: DateTime<Utc>",
                       expires_at AS "expires_at?: DateTime<Utc>",
                       revoked_at AS "revoked_at?: DateTime<Utc>"
                FROM plantstore_tokens ORDER BY created_at, name"#
-    )
-    .fetch_all(readers)
-    .await
-    .map_err(classify)
-}
-
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn revoke(
-    writer: &WriteConnection,
-    name: &str,
-    at: DateTime<Utc>,
-) -> Result<(), StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE name = ?",
-        at,
-        name
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    found(done.rows_affected())
-}
-
-#[tracing::instrument(skip(readers))]
-pub(crate) async fn count(readers: &SqlitePool) -> Result<i64, StoreError> {
-    sqlx::query_scalar!(r#"SELECT COUNT(*) AS "count!: i64" FROM plantstore_tokens"#)
-        .fetch_one(readers)
+        )
+        .fetch_all(&self.readers)
         .await
         .map_err(classify)
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_tokens SET revoked_at = COALESCE(revoked_at, ?) WHERE name = ?",
+            at,
+            name
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        found(done.rows_affected())
+    }
+
+    #[tracing::instrument(skip(self))]
+    async fn count_tokens(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar!(r#"SELECT COUNT(*) AS "count!: i64" FROM plantstore_tokens"#)
+            .fetch_one(&self.readers)
+            .await
+            .map_err(classify)
+    }
 }

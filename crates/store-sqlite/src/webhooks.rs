@@ -4,41 +4,43 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Lease, LeaseRow, NewEndpoint, ReplayOutcome, StoreError, found,
+    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
+    StreamPosition, Webhooks,
+    backend::{EndpointRow, LeaseRow, event_list, found},
 };
-use sqlx::SqlitePool;
 
-use crate::{errors::classify, writer::WriteConnection};
+use crate::{SqliteStore, errors::classify, stream};
 
-#[tracing::instrument(skip_all)]
-pub(crate) async fn add(
-    writer: &WriteConnection,
-    endpoint: &NewEndpoint,
-) -> Result<i64, StoreError> {
-    let now = Utc::now();
-    sqlx::query_scalar!(
-        r#"INSERT INTO plantstore_webhook_endpoints
+#[async_trait]
+impl Webhooks for SqliteStore {
+    #[tracing::instrument(skip_all)]
+    async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
+        let now = Utc::now();
+        let events = event_list(&endpoint.events);
+        sqlx::query_scalar!(
+            r#"INSERT INTO plantstore_webhook_endpoints
                (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id, created_at)
            VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
            RETURNING id AS "id!: i64""#,
-        endpoint.url,
-        endpoint.events,
-        endpoint.secret,
-        endpoint.http2,
-        now
-    )
-    .fetch_one(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)
-}
+            endpoint.url,
+            events,
+            endpoint.secret,
+            endpoint.http2,
+            now
+        )
+        .fetch_one(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)
+    }
 
-#[tracing::instrument(skip(readers))]
-pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<EndpointRecord>, StoreError> {
-    sqlx::query_as!(
-        EndpointRecord,
-        r#"SELECT e.id AS "id!: i64", e.url, e.events, e.http2 AS "http2!: bool",
+    #[tracing::instrument(skip(self))]
+    async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
+        let rows = sqlx::query_as!(
+            EndpointRow,
+            r#"SELECT e.id AS "id!: i64", e.url, e.events, e.http2 AS "http2!: bool",
                   e.previous_secret_until AS "previous_secret_until?: DateTime<Utc>", e.state,
                   e.delivered_through AS "delivered_through?: i64", e.last_error,
                   e.next_attempt_at AS "next_attempt_at?: DateTime<Utc>",
@@ -52,113 +54,112 @@ pub(crate) async fn list(readers: &SqlitePool) -> Result<Vec<EndpointRecord>, St
                             > (e.cursor_pos, e.cursor_kind, e.cursor_id))
                     AS "pending!: i64"
            FROM plantstore_webhook_endpoints e ORDER BY e.id"#
-    )
-    .fetch_all(readers)
-    .await
-    .map_err(classify)
-}
-
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn remove(writer: &WriteConnection, id: i64) -> Result<(), StoreError> {
-    let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = ?", id)
-        .execute(writer.lock().await?.conn()?)
+        )
+        .fetch_all(&self.readers)
         .await
         .map_err(classify)?;
-    found(done.rows_affected())
-}
+        rows.into_iter().map(EndpointRecord::try_from).collect()
+    }
 
-#[tracing::instrument(skip(writer, secret))]
-pub(crate) async fn rotate_secret(
-    writer: &WriteConnection,
-    id: i64,
-    secret: &str,
-    overlap: Duration,
-) -> Result<DateTime<Utc>, StoreError> {
-    let until = Utc::now() + chrono::Duration::from_std(overlap).unwrap_or(chrono::Duration::MAX);
-    let done = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = ?", id)
+            .execute(self.writer.lock().await?.conn()?)
+            .await
+            .map_err(classify)?;
+        found(done.rows_affected())
+    }
+
+    #[tracing::instrument(skip(self, secret))]
+    async fn rotate_secret(
+        &self,
+        id: i64,
+        secret: &str,
+        overlap: Duration,
+    ) -> Result<DateTime<Utc>, StoreError> {
+        let until =
+            Utc::now() + chrono::Duration::from_std(overlap).unwrap_or(chrono::Duration::MAX);
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET previous_secret = secret, previous_secret_until = ?3, secret = ?2
          WHERE id = ?1",
-        id,
-        secret,
-        until
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    found(done.rows_affected())?;
-    Ok(until)
-}
+            id,
+            secret,
+            until
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        found(done.rows_affected())?;
+        Ok(until)
+    }
 
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn enable(writer: &WriteConnection, id: i64) -> Result<(), StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET state = 'active', last_error = NULL, next_attempt_at = NULL,
              generation = generation + 1
          WHERE id = ?",
-        id
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    found(done.rows_affected())
-}
+            id
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        found(done.rows_affected())
+    }
 
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn replay(
-    writer: &WriteConnection,
-    id: i64,
-    from: i64,
-) -> Result<ReplayOutcome, StoreError> {
-    let mut writer = writer.lock().await?;
-    let conn = writer.conn()?;
-    let entry = sqlx::query_scalar!(
-        r#"SELECT id AS "id!: i64" FROM plantstore_deletions WHERE id = ?"#,
-        from
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(classify)?;
-    let moved = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    #[tracing::instrument(skip(self))]
+    async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
+        let mut writer = self.writer.lock().await?;
+        let conn = writer.conn()?;
+        let entry = sqlx::query_scalar!(
+            r#"SELECT id AS "id!: i64" FROM plantstore_deletions WHERE id = ?"#,
+            from
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(classify)?;
+        let moved = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, generation = generation + 1
          WHERE id = ?1 AND ?3",
-        id,
-        from,
-        entry.is_some()
-    )
-    .execute(&mut *conn)
-    .await
-    .map_err(classify)?;
-    if moved.rows_affected() > 0 {
-        return Ok(ReplayOutcome::Done);
-    }
-    let exists = sqlx::query_scalar!(
+            id,
+            from,
+            entry.is_some()
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(classify)?;
+        if moved.rows_affected() > 0 {
+            self.news.bump();
+            return Ok(ReplayOutcome::Done);
+        }
+        let exists = sqlx::query_scalar!(
         r#"SELECT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints WHERE id = ?) AS "e!: bool""#,
         id
     )
     .fetch_one(&mut *conn)
     .await
     .map_err(classify)?;
-    Ok(if exists {
-        ReplayOutcome::NoEntry
-    } else {
-        ReplayOutcome::NoEndpoint
-    })
-}
+        Ok(if exists {
+            ReplayOutcome::NoEntry
+        } else {
+            ReplayOutcome::NoEndpoint
+        })
+    }
 
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn claim(
-    writer: &WriteConnection,
-    owner: &str,
-    lease: Duration,
-) -> Result<Vec<Lease>, StoreError> {
-    let now = Utc::now();
-    let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
-    let rows = sqlx::query_as!(
-        LeaseRow,
-        r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
+    #[tracing::instrument(skip(self))]
+    async fn claim_endpoints(
+        &self,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let now = Utc::now();
+        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let rows = sqlx::query_as!(
+            LeaseRow,
+            r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
            WHERE state <> 'disabled'
              AND (lease_owner IS NULL OR lease_owner = ?1 OR lease_until < ?3)
            RETURNING id AS "id!: i64", url, events, secret,
@@ -167,55 +168,65 @@ pub(crate) async fn claim(
                      http2 AS "http2!: bool", generation AS "generation!: i64",
                      cursor_pos AS "cursor_pos!: i64", cursor_kind AS "cursor_kind!: i64",
                      cursor_id AS "cursor_id!: i64""#,
-        owner,
-        until,
-        now
-    )
-    .fetch_all(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    Ok(rows.into_iter().map(Lease::from).collect())
-}
+            owner,
+            until,
+            now
+        )
+        .fetch_all(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        rows.into_iter().map(Lease::try_from).collect()
+    }
 
-#[tracing::instrument(level = "debug", skip(writer, lease), fields(endpoint = lease.endpoint))]
-pub(crate) async fn report(
-    writer: &WriteConnection,
-    lease: &Lease,
-    owner: &str,
-    report: &DeliveryReport,
-) -> Result<bool, StoreError> {
-    let done = sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints
+    async fn read_events(
+        &self,
+        after: StreamPosition,
+        limit: i64,
+    ) -> Result<Vec<Event>, StoreError> {
+        stream::read(&self.readers, after, limit).await
+    }
+
+    #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]
+    async fn report_delivery(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        report: &DeliveryReport,
+    ) -> Result<bool, StoreError> {
+        let state = report.state.as_str();
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?4, cursor_kind = ?5, cursor_id = ?6,
              delivered_through = COALESCE(?7, delivered_through),
              state = ?8, last_error = ?9, next_attempt_at = ?10
          WHERE id = ?1 AND lease_owner = ?2 AND generation = ?3 AND state <> 'disabled'",
-        lease.endpoint,
-        owner,
-        lease.generation,
-        report.cursor.pos,
-        report.cursor.kind,
-        report.cursor.id,
-        report.delivered_through,
-        report.state,
-        report.last_error,
-        report.next_attempt_at,
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    Ok(done.rows_affected() > 0)
-}
+            lease.endpoint_id,
+            owner,
+            lease.generation,
+            report.cursor.pos,
+            report.cursor.kind,
+            report.cursor.seq,
+            report.delivered_through,
+            state,
+            report.last_error,
+            report.next_attempt_at,
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(done.rows_affected() > 0)
+    }
 
-#[tracing::instrument(skip(writer))]
-pub(crate) async fn release(writer: &WriteConnection, owner: &str) -> Result<(), StoreError> {
-    sqlx::query!(
-        "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
+    #[tracing::instrument(skip(self))]
+    async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints SET lease_owner = NULL, lease_until = NULL
          WHERE lease_owner = ?",
-        owner
-    )
-    .execute(writer.lock().await?.conn()?)
-    .await
-    .map_err(classify)?;
-    Ok(())
+            owner
+        )
+        .execute(self.writer.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(())
+    }
 }

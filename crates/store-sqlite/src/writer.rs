@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use plantstore_store::{KeptConnections, LimitedConnection, StoreError, remaining, wait_until};
+use plantstore_store::{
+    StoreError,
+    backend::{BatchConnections, LimitedConnection, remaining, wait_until},
+};
 use sqlx::{AssertSqlSafe, Executor, Sqlite, SqliteConnection, SqlitePool, pool::PoolConnection};
 use tokio::{
     sync::{Mutex, MutexGuard},
@@ -18,11 +21,11 @@ type KeptWriter = LimitedConnection<PoolConnection<Sqlite>>;
 
 /// The one connection this process writes with: its own writes never wait on each
 /// other's locks, and the group commit shares its syncs. It is kept rather than returned
-/// to its pool after each use (see `KeptConnections`).
+/// to its pool after each use (see `BatchConnections`).
 #[derive(Debug)]
 pub(crate) struct WriteConnection {
     pool: SqlitePool,
-    kept: KeptConnections<KeptWriter>,
+    kept: BatchConnections<KeptWriter>,
     /// Whoever holds it holds this process's write access.
     turn: Mutex<()>,
     /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`: the longest wait for another process's write lock.
@@ -34,7 +37,7 @@ impl WriteConnection {
     pub(crate) fn new(pool: SqlitePool, busy_wait: Duration) -> Self {
         Self {
             pool,
-            kept: KeptConnections::default(),
+            kept: BatchConnections::default(),
             turn: Mutex::new(()),
             busy_wait,
         }
@@ -60,7 +63,7 @@ impl WriteConnection {
         };
         let left = remaining(deadline)?;
         let allowed = left.min(self.busy_wait);
-        if let Some(limit) = kept.limit.renew(allowed) {
+        if let Some(limit) = kept.limit.limit_to_set(allowed) {
             kept.conn
                 .execute(AssertSqlSafe(format!(
                     "PRAGMA busy_timeout = {}",
@@ -99,7 +102,7 @@ impl WriteConnection {
 pub(crate) struct Writer<'a> {
     _turn: MutexGuard<'a, ()>,
     conn: Option<KeptWriter>,
-    kept: &'a KeptConnections<KeptWriter>,
+    kept: &'a BatchConnections<KeptWriter>,
     /// The busy wait ends with the deadline, not before: a busy error means it passed.
     ends_with_deadline: bool,
 }

@@ -92,12 +92,3 @@ impl StoreError {
         }
     }
 }
-
-/// `StoreError::NotFound` when a statement that names one row by its key changed none.
-pub fn found(rows_affected: u64) -> Result<(), StoreError> {
-    if rows_affected == 0 {
-        Err(StoreError::NotFound)
-    } else {
-        Ok(())
-    }
-}

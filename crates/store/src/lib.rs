@@ -1,30 +1,22 @@
-//! The storage interface the service talks to, the same for every database backend.
+//! The storage interface the service talks to, the same for every database backend: the
+//! traits, the records they take and give, and the one error. What only the backends
+//! share to implement it is in [`backend`].
 
 use std::{fmt::Debug, sync::Arc};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use tokio::sync::watch;
 
-mod batch_result;
-mod batcher;
-mod deadline;
+pub mod backend;
 mod error;
-mod kept_connections;
 mod log;
 mod webhooks;
 
-pub use batch_result::{BatchResult, keyed_outcome};
-pub use batcher::{BatchWriter, Batcher, Outcome, sole_outcome};
-pub use deadline::{
-    LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
-};
-pub use error::{StoreError, found};
-pub use kept_connections::KeptConnections;
-pub use log::{
-    DeletionFilter, DeletionRecord, EntryState, RestoreError, before_now, column_changes,
-};
+pub use error::StoreError;
+pub use log::{DeletionFilter, DeletionRecord, RestoreError, before_now};
 pub use webhooks::{
-    Announcements, DeliveryReport, EndpointRecord, Event, EventKind, EventRow, Lease, LeaseRow,
+    DeliveryReport, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
     NewEndpoint, ReplayOutcome, Signing, StreamPosition, Webhooks,
 };
 
@@ -74,12 +66,14 @@ pub struct TokenRecord {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-/// One database the service can run on.
+/// One database the service can run on: plants and the schema here, the deletion log,
+/// tokens and webhooks in a trait each, so that a backend implements each where its
+/// queries are.
 ///
 /// Every method is one unit of work on the database; an implementation maps its driver's
 /// errors into [`StoreError`] by kind so callers never see database text.
 #[async_trait]
-pub trait Store: Webhooks + Send + Sync + Debug + 'static {
+pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static {
     /// Applies this backend's migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
 
@@ -91,7 +85,7 @@ pub trait Store: Webhooks + Send + Sync + Debug + 'static {
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Deletes one plant and writes its audit row, committed together and durably before
-    /// it returns; concurrent calls share commits (see [`Batcher`]).
+    /// it returns; concurrent calls share commits (see [`backend::Batcher`]).
     ///
     /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
     /// another table still points at it (then nothing is deleted). With an idempotency
@@ -100,6 +94,28 @@ pub trait Store: Webhooks + Send + Sync + Debug + 'static {
     /// The audit row keeps the key and a JSON snapshot of the deleted row.
     async fn delete_plant(&self, deletion: Deletion) -> Result<Deleted, StoreError>;
 
+    /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
+    async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
+
+    /// The connection pool and the group-commit queue right now, for `/metrics`.
+    fn stats(&self) -> StoreStats;
+
+    /// Tells `observer` the size of every group-commit batch from now on.
+    fn observe(&self, observer: Arc<dyn CommitObserver>);
+
+    /// Changes after each commit that wrote to the deletion log (deletes, restores,
+    /// replays) in this process, and on PostgreSQL in any process on the same database
+    /// (heard while a receiver is kept; a lost connection counts as a change, since what
+    /// was said meanwhile went unheard). One change may stand for many commits.
+    fn commits(&self) -> watch::Receiver<u64>;
+
+    /// Waits for in-flight work and closes every connection.
+    async fn close(&self);
+}
+
+/// The deletion log: what was deleted, by whom, and putting it back.
+#[async_trait]
+pub trait DeletionLog: Send + Sync {
     /// Entries of the deletion log, newest first.
     async fn list_deletions(
         &self,
@@ -113,10 +129,11 @@ pub trait Store: Webhooks + Send + Sync + Debug + 'static {
     /// Removes log entries deleted before `before`; their idempotency keys stop
     /// replaying. Returns how many went.
     async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
+}
 
-    /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
-    async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
-
+/// The service's own API tokens; only their hashes are stored.
+#[async_trait]
+pub trait Tokens: Send + Sync {
     /// Stores a new token; `StoreError::Duplicate` when the name is taken.
     async fn insert_token(&self, token: &TokenRecord) -> Result<(), StoreError>;
 
@@ -128,18 +145,9 @@ pub trait Store: Webhooks + Send + Sync + Debug + 'static {
     async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
 
     async fn count_tokens(&self) -> Result<i64, StoreError>;
-
-    /// The connection pool and the group-commit queue right now, for `/metrics`.
-    fn stats(&self) -> StoreStats;
-
-    /// Tells `observer` the size of every group-commit batch from now on.
-    fn observe(&self, observer: Arc<dyn CommitObserver>);
-
-    /// Waits for in-flight work and closes every connection.
-    async fn close(&self);
 }
 
-/// Told the size of each group commit as it goes out, for whatever keeps such figures
+/// Told the size of each group commit once it committed, for whatever keeps such figures
 /// (the service's `/metrics`); the store itself keeps none.
 pub trait CommitObserver: Send + Sync + 'static {
     fn batch_committed(&self, size: usize);
@@ -166,60 +174,4 @@ pub struct StoreSettings {
     pub acquire_timeout: std::time::Duration,
     /// How long after a delete a retry with its idempotency key is answered from the log.
     pub idempotency_ttl: std::time::Duration,
-}
-
-/// What a backend found in its catalog about the tables the service uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SchemaFacts {
-    /// The declared type of `plants.id`; `None` when there is no such column.
-    pub plants_id_type: Option<String>,
-    /// An integer type: smallint, integer or bigint (SQLite: INTEGER affinity).
-    pub plants_id_is_integer: bool,
-    /// A primary key or unique index on exactly `(id)`, with no condition: one id can
-    /// never name, and so never delete, several rows.
-    pub plants_id_is_unique: bool,
-    /// The service's tables, as its latest migration leaves them.
-    pub has_own_tables: bool,
-}
-
-/// What `Store::check_schema` reports, given what a backend found in its catalog.
-pub fn schema_verdict(facts: &SchemaFacts) -> Result<(), StoreError> {
-    let Some(id_type) = &facts.plants_id_type else {
-        return Err(StoreError::Schema(
-            "the database has no plants.id column: create the plants table, or start with PLANTSTORE_MIGRATE=true".into(),
-        ));
-    };
-    if !facts.plants_id_is_integer {
-        return Err(StoreError::Schema(format!(
-            "plants.id is of type {id_type}: the service needs an integer column (smallint, integer or bigint) to delete plants by id"
-        )));
-    }
-    if !facts.plants_id_is_unique {
-        return Err(StoreError::Schema(format!(
-            "plants.id ({id_type}) is not unique: add a primary key or a unique index on plants (id), so that one id can never delete several rows"
-        )));
-    }
-    if !facts.has_own_tables {
-        return Err(StoreError::Schema(
-            "the service's own tables are missing or older than this version: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
-        ));
-    }
-    Ok(())
-}
-
-/// Opens and closes one connection, waiting at most `wait`.
-///
-/// Backends call it before building their pool: the pool retries a refused connection
-/// until its timeout and then reports only that it timed out, while a user needs the
-/// cause ("connection refused", "password authentication failed", "unable to open file").
-pub async fn probe<O>(options: &O, wait: std::time::Duration) -> Result<(), sqlx::Error>
-where
-    O: sqlx::ConnectOptions,
-    O::Connection: Sized,
-{
-    use sqlx::Connection;
-    match tokio::time::timeout(wait, options.connect()).await {
-        Ok(connection) => connection?.close().await,
-        Err(_elapsed) => Err(sqlx::Error::PoolTimedOut),
-    }
 }

@@ -1,49 +1,95 @@
 //! Deletion events as storage sees them: webhook endpoints, the event stream read from
 //! the deletion log, and the lease that lets one instance at a time deliver to an endpoint.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::BTreeSet, time::Duration};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use tokio::sync::watch;
 
 use crate::{DeletionRecord, StoreError};
 
-/// A place in the event stream. Events are ordered by `(pos, kind, id)`: `pos` is the
-/// backend's commit-ordered position, `kind` 0 a delete and 1 a restore, `id` the
-/// deletion log entry.
+/// A place in the event stream. Events are ordered by `(pos, kind, seq)`: `pos` is the
+/// backend's commit-ordered position, `kind` 0 a delete and 1 a restore, `seq` the order
+/// among events of one position and kind (the deletion log entry, or on SQLite a
+/// restore's own sequence number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamPosition {
     pub pos: i64,
     pub kind: i64,
-    pub id: i64,
+    pub seq: i64,
 }
 
 impl StreamPosition {
-    /// The `(pos, id)` that the events of `kind` must be above to come after this
+    /// The `(pos, seq)` that the events of `kind` must be above to come after this
     /// position: so each kind is read from its own index, in its own order, and only as
     /// far as needed.
     pub fn after_for(self, kind: i64) -> (i64, i64) {
         match kind.cmp(&self.kind) {
             std::cmp::Ordering::Greater => (self.pos, i64::MIN),
-            std::cmp::Ordering::Equal => (self.pos, self.id),
+            std::cmp::Ordering::Equal => (self.pos, self.seq),
             std::cmp::Ordering::Less => (self.pos, i64::MAX),
         }
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
     Deleted,
     Restored,
 }
 
 impl EventKind {
+    /// Every type, in the order lists show them.
+    pub const ALL: [EventKind; 2] = [EventKind::Deleted, EventKind::Restored];
+
     /// The event type as bodies and `--events` name it.
     pub fn name(self) -> &'static str {
         match self {
             EventKind::Deleted => "plant.deleted",
             EventKind::Restored => "plant.restored",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+}
+
+/// The event types an endpoint gets.
+pub type EventKinds = BTreeSet<EventKind>;
+
+/// How an endpoint is doing, as `webhooks list` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndpointState {
+    /// Its last attempt delivered, or it has had none yet.
+    Active,
+    /// Its last attempt failed; it is tried again at `next_attempt_at`.
+    Failing,
+    /// The receiver answered 410; nothing is sent until `webhooks enable`.
+    Disabled,
+}
+
+impl EndpointState {
+    /// As the `state` column and `webhooks list` hold it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EndpointState::Active => "active",
+            EndpointState::Failing => "failing",
+            EndpointState::Disabled => "disabled",
+        }
+    }
+}
+
+/// The `state` column; any other text is a row this version cannot read.
+impl TryFrom<&str> for EndpointState {
+    type Error = StoreError;
+
+    fn try_from(text: &str) -> Result<Self, StoreError> {
+        match text {
+            "active" => Ok(EndpointState::Active),
+            "failing" => Ok(EndpointState::Failing),
+            "disabled" => Ok(EndpointState::Disabled),
+            _ => Err(StoreError::Broken("an endpoint in an unknown state")),
         }
     }
 }
@@ -80,97 +126,17 @@ impl Event {
     }
 }
 
-/// An event as both backends select it; `kind` 0 is a delete, 1 a restore.
-#[derive(Debug)]
-pub struct EventRow {
-    pub pos: i64,
-    pub kind: i64,
-    pub id: i64,
-    pub plant_id: i64,
-    pub caller: String,
-    pub request_id: String,
-    pub idempotency_key: Option<String>,
-    pub deleted_at: DateTime<Utc>,
-    pub snapshot: Option<String>,
-    pub restored_at: Option<DateTime<Utc>>,
-    pub restored_by: Option<String>,
-}
-
-impl TryFrom<EventRow> for Event {
-    type Error = StoreError;
-
-    fn try_from(row: EventRow) -> Result<Self, StoreError> {
-        Ok(Event {
-            position: StreamPosition {
-                pos: row.pos,
-                kind: row.kind,
-                id: row.id,
-            },
-            kind: EventKind::try_from(row.kind)?,
-            entry: DeletionRecord {
-                id: row.id,
-                plant_id: row.plant_id,
-                caller: row.caller,
-                request_id: row.request_id,
-                idempotency_key: row.idempotency_key,
-                deleted_at: row.deleted_at,
-                snapshot: row.snapshot,
-                restored_at: row.restored_at,
-                restored_by: row.restored_by,
-            },
-        })
-    }
-}
-
-/// A claimed endpoint as both backends return it.
-#[derive(Debug)]
-pub struct LeaseRow {
-    pub id: i64,
-    pub url: String,
-    pub events: String,
-    pub secret: String,
-    /// Set only while the rotation's overlap lasts.
-    pub previous_secret: Option<String>,
-    pub http2: bool,
-    pub generation: i64,
-    pub cursor_pos: i64,
-    pub cursor_kind: i64,
-    pub cursor_id: i64,
-}
-
-impl From<LeaseRow> for Lease {
-    fn from(row: LeaseRow) -> Self {
-        Lease {
-            endpoint: row.id,
-            url: row.url,
-            events: row.events,
-            signing: Signing {
-                secret: row.secret,
-                previous_secret: row.previous_secret,
-            },
-            http2: row.http2,
-            generation: row.generation,
-            cursor: StreamPosition {
-                pos: row.cursor_pos,
-                kind: row.cursor_kind,
-                id: row.cursor_id,
-            },
-        }
-    }
-}
-
 /// An endpoint as `webhooks list` shows it; the secret is not read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRecord {
     pub id: i64,
     pub url: String,
-    pub events: String,
+    pub events: EventKinds,
     /// HTTP/2 with prior knowledge (`webhooks add --http2`).
     pub http2: bool,
     /// Until when requests are also signed with the secret before the last rotation.
     pub previous_secret_until: Option<DateTime<Utc>>,
-    /// `active`, `failing` or `disabled`.
-    pub state: String,
+    pub state: EndpointState,
     pub delivered_through: Option<i64>,
     /// Events after the cursor, of any type (some may not be for this endpoint).
     pub pending: i64,
@@ -182,9 +148,9 @@ pub struct EndpointRecord {
 /// An endpoint this instance holds the lease on, with what delivery needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    pub endpoint: i64,
+    pub endpoint_id: i64,
     pub url: String,
-    pub events: String,
+    pub events: EventKinds,
     pub signing: Signing,
     /// HTTP/2 with prior knowledge on a plain-http URL.
     pub http2: bool,
@@ -218,8 +184,7 @@ impl std::fmt::Debug for Signing {
 #[derive(Clone)]
 pub struct NewEndpoint {
     pub url: String,
-    /// A comma list of event types.
-    pub events: String,
+    pub events: EventKinds,
     pub secret: String,
     pub http2: bool,
 }
@@ -230,8 +195,7 @@ pub struct DeliveryReport {
     pub cursor: StreamPosition,
     /// The deletion log id of the last event delivered, when the cursor moved.
     pub delivered_through: Option<i64>,
-    /// `active`, `failing`, or `disabled` (after a 410).
-    pub state: &'static str,
+    pub state: EndpointState,
     pub last_error: Option<String>,
     pub next_attempt_at: Option<DateTime<Utc>>,
 }
@@ -295,22 +259,6 @@ pub trait Webhooks: Send + Sync {
 
     /// Gives up every lease `owner` holds, so another instance takes over at once.
     async fn release_endpoints(&self, owner: &str) -> Result<(), StoreError>;
-
-    /// How a commit in one process wakes delivery in the others, where the backend carries
-    /// that (PostgreSQL: `LISTEN`/`NOTIFY`); `None` where it does not, and delivery polls.
-    fn announcements(&self) -> Option<Arc<dyn Announcements>>;
-}
-
-/// Word between processes that events were committed: sent after a commit, heard by
-/// whichever instance holds an endpoint's lease.
-#[async_trait]
-pub trait Announcements: Send + Sync {
-    /// Tells every listener, in every process, that new events may be readable.
-    async fn announce(&self) -> Result<(), StoreError>;
-
-    /// Changes after each announcement any process makes, and after a lost connection
-    /// (when some may have gone unheard), for as long as a receiver is kept.
-    fn listen(&self) -> watch::Receiver<u64>;
 }
 
 #[cfg(test)]
@@ -319,16 +267,16 @@ mod tests {
 
     #[test]
     fn each_kind_is_read_from_just_after_the_position() {
-        let at = |pos, kind, id| StreamPosition { pos, kind, id };
+        let at = |pos, kind, seq| StreamPosition { pos, kind, seq };
         for cursor in [at(10, 0, 5), at(10, 1, 5), at(10, 2, 0), at(10, 0, 9)] {
             for kind in [0, 1] {
-                let (pos, id) = cursor.after_for(kind);
+                let (pos, seq) = cursor.after_for(kind);
                 for event_pos in 9..=11 {
                     for event_id in [i64::MIN + 1, 4, 5, 6, 100] {
                         let event = at(event_pos, kind, event_id);
                         assert_eq!(
                             event > cursor,
-                            (event_pos, event_id) > (pos, id),
+                            (event_pos, event_id) > (pos, seq),
                             "{event:?} after {cursor:?}"
                         );
                     }

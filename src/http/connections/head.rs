@@ -10,9 +10,9 @@ pub const MAX_HEADER_LINES: usize = 100;
 
 /// What the bytes so far say about the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum HeadVerdict {
     /// Nothing to object to.
-    Fine,
+    WithinLimits,
     /// The request line alone is longer than `MAX_HEAD_BYTES`.
     UriTooLong,
     /// The head is longer than `MAX_HEAD_BYTES` or has more than `MAX_HEADER_LINES` lines.
@@ -78,12 +78,12 @@ impl HeadScanner {
         }
     }
 
-    /// Takes the bytes just read. Once it returns anything but `Fine`, the connection is
+    /// Takes the bytes just read. Once it returns anything but `WithinLimits`, the connection is
     /// to be answered and closed; later calls are meaningless.
-    pub fn feed(&mut self, bytes: &[u8]) -> Verdict {
+    pub fn feed(&mut self, bytes: &[u8]) -> HeadVerdict {
         for &byte in bytes {
             match self.phase {
-                Phase::Body | Phase::Off => return Verdict::Fine,
+                Phase::Body | Phase::Off => return HeadVerdict::WithinLimits,
                 Phase::Idle if matches!(byte, b'\r' | b'\n') => continue,
                 Phase::Idle => self.start_head(),
                 Phase::Head => {}
@@ -92,7 +92,7 @@ impl HeadScanner {
                 return verdict;
             }
         }
-        Verdict::Fine
+        HeadVerdict::WithinLimits
     }
 
     fn start_head(&mut self) {
@@ -103,13 +103,13 @@ impl HeadScanner {
     }
 
     /// One byte of a head; `Some` when the head is refused.
-    fn take(&mut self, byte: u8) -> Option<Verdict> {
+    fn take(&mut self, byte: u8) -> Option<HeadVerdict> {
         self.head_bytes += 1;
         if self.head_bytes > MAX_HEAD_BYTES {
             return Some(if self.lines_done == 0 {
-                Verdict::UriTooLong
+                HeadVerdict::UriTooLong
             } else {
-                Verdict::HeadTooLarge
+                HeadVerdict::HeadTooLarge
             });
         }
         match byte {
@@ -117,7 +117,7 @@ impl HeadScanner {
             b'\r' => {}
             _ => {
                 if self.line_len == 0 && self.lines_done > MAX_HEADER_LINES {
-                    return Some(Verdict::HeadTooLarge);
+                    return Some(HeadVerdict::HeadTooLarge);
                 }
                 if self.lines_done == 0 && self.line_len < PREFACE.len() {
                     self.request_line[self.line_len] = byte;
@@ -161,25 +161,34 @@ mod tests {
         let mut scanner = HeadScanner::default();
         assert!(scanner.awaiting_head() && !scanner.in_head());
         for byte in head_with(3) {
-            assert_eq!(scanner.feed(&[byte]), Verdict::Fine);
+            assert_eq!(scanner.feed(&[byte]), HeadVerdict::WithinLimits);
         }
         assert!(!scanner.awaiting_head());
-        assert_eq!(scanner.feed(&[b'x'; MAX_HEAD_BYTES * 2]), Verdict::Fine);
+        assert_eq!(
+            scanner.feed(&[b'x'; MAX_HEAD_BYTES * 2]),
+            HeadVerdict::WithinLimits
+        );
         scanner.answered();
         assert!(scanner.awaiting_head() && !scanner.in_head());
-        assert_eq!(scanner.feed(b"\r\nGET / HTTP/1.1\r\n"), Verdict::Fine);
+        assert_eq!(
+            scanner.feed(b"\r\nGET / HTTP/1.1\r\n"),
+            HeadVerdict::WithinLimits
+        );
         assert!(scanner.in_head());
     }
 
     #[test]
     fn hyper_s_header_count_is_the_limit() {
         let mut scanner = HeadScanner::default();
-        assert_eq!(scanner.feed(&head_with(MAX_HEADER_LINES)), Verdict::Fine);
+        assert_eq!(
+            scanner.feed(&head_with(MAX_HEADER_LINES)),
+            HeadVerdict::WithinLimits
+        );
         assert!(!scanner.awaiting_head());
         let mut scanner = HeadScanner::default();
         assert_eq!(
             scanner.feed(&head_with(MAX_HEADER_LINES + 1)),
-            Verdict::HeadTooLarge
+            HeadVerdict::HeadTooLarge
         );
     }
 
@@ -187,13 +196,16 @@ mod tests {
     fn a_long_request_line_is_414_and_a_long_header_431() {
         let mut scanner = HeadScanner::default();
         let long_path = format!("DELETE /{} HTTP/1.1\r\n\r\n", "a".repeat(MAX_HEAD_BYTES));
-        assert_eq!(scanner.feed(long_path.as_bytes()), Verdict::UriTooLong);
+        assert_eq!(scanner.feed(long_path.as_bytes()), HeadVerdict::UriTooLong);
         let mut scanner = HeadScanner::default();
         let long_header = format!(
             "GET / HTTP/1.1\r\nx: {}\r\n\r\n",
             "a".repeat(MAX_HEAD_BYTES)
         );
-        assert_eq!(scanner.feed(long_header.as_bytes()), Verdict::HeadTooLarge);
+        assert_eq!(
+            scanner.feed(long_header.as_bytes()),
+            HeadVerdict::HeadTooLarge
+        );
     }
 
     #[test]
@@ -201,9 +213,12 @@ mod tests {
         let mut scanner = HeadScanner::default();
         assert_eq!(
             scanner.feed(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
-            Verdict::Fine
+            HeadVerdict::WithinLimits
         );
-        assert_eq!(scanner.feed(&[0; MAX_HEAD_BYTES * 2]), Verdict::Fine);
+        assert_eq!(
+            scanner.feed(&[0; MAX_HEAD_BYTES * 2]),
+            HeadVerdict::WithinLimits
+        );
         assert!(!scanner.awaiting_head());
     }
 }

@@ -29,41 +29,34 @@ use super::{
     error::ApiError,
     request_id::{self, RequestId},
 };
-use head::{HeadScanner, Verdict};
+use crate::config::ConnectionConfig;
+use head::{HeadScanner, HeadVerdict};
 
 /// How long a refused client may go on sending before its connection is dropped: long
 /// enough for it to finish sending and read the answer (closing with its bytes unread
 /// would reset the connection and lose the answer), short enough to cost little.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// The limits every client connection is held to.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientLimits {
-    pub max_open: usize,
-    pub idle_timeout: Duration,
-    pub header_timeout: Duration,
-}
-
 /// Accepts a connection only while fewer than the cap are open; past it, new ones wait in
-/// the kernel's backlog until one closes. Every connection it hands out is `Guarded`.
+/// the kernel's backlog until one closes. Every connection it hands out is a `ClientConnection`.
 pub(super) struct CappedAcceptor<A> {
     inner: A,
     slots: Arc<Semaphore>,
-    limits: ClientLimits,
+    limits: ConnectionConfig,
 }
 
 impl<A> CappedAcceptor<A> {
-    pub(super) fn new(inner: A, limits: ClientLimits) -> Self {
+    pub(super) fn new(inner: A, limits: ConnectionConfig) -> Self {
         Self {
             inner,
-            slots: Arc::new(Semaphore::new(limits.max_open.max(1))),
+            slots: Arc::new(Semaphore::new((limits.max_connections as usize).max(1))),
             limits,
         }
     }
 }
 
 impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
-    type Io = Guarded<A::Io>;
+    type Io = ClientConnection<A::Io>;
 
     fn local_addr(&self) -> Vec<LocalAddr> {
         self.inner.local_addr()
@@ -75,7 +68,7 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
             .await
             .map_err(io::Error::other)?;
         let (io, local, remote, scheme) = self.inner.accept().await?;
-        let guarded = Guarded {
+        let guarded = ClientConnection {
             io,
             _slot: slot,
             limits: self.limits,
@@ -94,31 +87,31 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
 /// too large itself, with the service's `Error` body, then closes. Done here, below HTTP,
 /// because poem's idle timeout waits forever for a head that stopped halfway, poem sets no
 /// header timeout on hyper, and hyper answers an oversized head with a bare status.
-pub(super) struct Guarded<T> {
+pub(super) struct ClientConnection<T> {
     io: T,
     _slot: OwnedSemaphorePermit,
-    limits: ClientLimits,
+    limits: ConnectionConfig,
     silence: Pin<Box<Sleep>>,
     /// Runs while a head is awaited or arriving; `None` between requests.
     head_clock: Option<Pin<Box<Sleep>>>,
     heads: HeadScanner,
-    refusal: Option<Refusal>,
+    refusal: Option<RefusedHead>,
 }
 
 /// An answer being written to a refused client, then its remaining bytes read and dropped
 /// for up to `LINGER`, then end of stream for hyper.
-struct Refusal {
+struct RefusedHead {
     answer: Vec<u8>,
     written: usize,
     shut: bool,
     linger: Pin<Box<Sleep>>,
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> ClientConnection<T> {
     fn refuse(&mut self, error: ApiError) {
         let request_id = RequestId::generate();
         tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
-        self.refusal = Some(Refusal {
+        self.refusal = Some(RefusedHead {
             answer: http1_answer(&error, &request_id),
             written: 0,
             shut: false,
@@ -128,7 +121,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
 
     /// Writes the refusal, then drains the client until it stops or `LINGER` passes;
     /// `Ready(Ok)` with nothing read is the end of stream hyper then sees.
-    fn poll_refusal(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+    fn poll_refused_head(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let Some(refusal) = self.refusal.as_mut() else {
             return Poll::Ready(Ok(()));
         };
@@ -161,13 +154,13 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
     /// Looks at bytes just read: starts or stops the head clock, or refuses the head.
     fn inspect(&mut self, bytes: &[u8]) -> Result<(), ApiError> {
         match self.heads.feed(bytes) {
-            Verdict::Fine => {}
-            Verdict::UriTooLong => {
+            HeadVerdict::WithinLimits => {}
+            HeadVerdict::UriTooLong => {
                 return Err(ApiError::UriTooLong {
                     max_bytes: head::MAX_HEAD_BYTES,
                 });
             }
-            Verdict::HeadTooLarge => {
+            HeadVerdict::HeadTooLarge => {
                 return Err(ApiError::HeadTooLarge {
                     max_bytes: head::MAX_HEAD_BYTES,
                     max_lines: head::MAX_HEADER_LINES,
@@ -197,11 +190,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> Guarded<T> {
             return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }
         self.refuse(ApiError::HeaderTimeout);
-        self.poll_refusal(cx)
+        self.poll_refused_head(cx)
     }
 }
 
-impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<T> {
+impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for ClientConnection<T> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -209,7 +202,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<T> {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.refusal.is_some() {
-            return this.poll_refusal(cx);
+            return this.poll_refused_head(cx);
         }
         let before = buf.filled().len();
         match Pin::new(&mut this.io).poll_read(cx, buf) {
@@ -222,7 +215,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<T> {
                         // hyper never sees the refused bytes.
                         buf.set_filled(before);
                         this.refuse(error);
-                        this.poll_refusal(cx)
+                        this.poll_refused_head(cx)
                     }
                 }
             }
@@ -232,7 +225,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for Guarded<T> {
+impl<T: AsyncWrite + Unpin> AsyncWrite for ClientConnection<T> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

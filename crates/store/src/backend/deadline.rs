@@ -9,14 +9,14 @@ use crate::{Deletion, StoreError};
 
 /// Less than this left is as good as past: no commit fits in it, and in a batch it would
 /// cut every other request of the batch short too.
-const TOO_LITTLE: Duration = Duration::from_millis(10);
+const MIN_TIME_LEFT: Duration = Duration::from_millis(10);
 
 /// What is left until `deadline`; `StoreError::TimedOut` once (nearly) nothing is, so
 /// nothing is started for a request that has been, or is about to be, answered.
 pub fn remaining(deadline: Instant) -> Result<Duration, StoreError> {
     deadline
         .checked_duration_since(Instant::now())
-        .filter(|left| *left >= TOO_LITTLE)
+        .filter(|left| *left >= MIN_TIME_LEFT)
         .ok_or(StoreError::TimedOut)
 }
 
@@ -60,7 +60,7 @@ impl WaitLimit {
     /// A new limit is `statement_share(allowed)`: requests that queued up to about half a
     /// second longer than the last ones still fit under it, so a steady stream sets it
     /// once.
-    pub fn renew(&mut self, allowed: Duration) -> Option<Duration> {
+    pub fn limit_to_set(&mut self, allowed: Duration) -> Option<Duration> {
         match self.0 {
             Some(limit)
                 if limit <= allowed && limit.saturating_mul(5) >= allowed.saturating_mul(4) =>
@@ -102,17 +102,20 @@ mod tests {
     #[test]
     fn a_limit_is_set_once_for_a_steady_stream_and_never_outlasts_a_batch() {
         let mut limit = WaitLimit::default();
-        assert_eq!(limit.renew(5 * SECOND), Some(4500 * SECOND / 1000));
-        assert_eq!(limit.renew(4900 * SECOND / 1000), None);
-        assert_eq!(limit.renew(5 * SECOND), None);
+        assert_eq!(limit.limit_to_set(5 * SECOND), Some(4500 * SECOND / 1000));
+        assert_eq!(limit.limit_to_set(4900 * SECOND / 1000), None);
+        assert_eq!(limit.limit_to_set(5 * SECOND), None);
         // Less left than the limit: it would outlast the request.
-        assert_eq!(limit.renew(4 * SECOND), Some(3600 * SECOND / 1000));
+        assert_eq!(limit.limit_to_set(4 * SECOND), Some(3600 * SECOND / 1000));
         // Much more left: the old limit would cut the batch off early.
-        assert_eq!(limit.renew(5 * SECOND), Some(4500 * SECOND / 1000));
-        assert_eq!(limit.renew(Duration::ZERO), Some(Duration::from_millis(1)));
+        assert_eq!(limit.limit_to_set(5 * SECOND), Some(4500 * SECOND / 1000));
+        assert_eq!(
+            limit.limit_to_set(Duration::ZERO),
+            Some(Duration::from_millis(1))
+        );
         // A setting too large to multiply saturates instead of panicking.
-        assert!(limit.renew(Duration::MAX).is_some());
-        let _ = limit.renew(Duration::MAX);
+        assert!(limit.limit_to_set(Duration::MAX).is_some());
+        let _ = limit.limit_to_set(Duration::MAX);
     }
 
     #[test]

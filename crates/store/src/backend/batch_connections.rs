@@ -6,11 +6,11 @@ use std::sync::{Mutex, PoisonError};
 
 /// The kept connections; `None` once the store closes, so none is kept after that.
 #[derive(Debug)]
-pub struct KeptConnections<C> {
+pub struct BatchConnections<C> {
     kept: Mutex<Option<Vec<C>>>,
 }
 
-impl<C> Default for KeptConnections<C> {
+impl<C> Default for BatchConnections<C> {
     fn default() -> Self {
         Self {
             kept: Mutex::new(Some(Vec::new())),
@@ -18,7 +18,7 @@ impl<C> Default for KeptConnections<C> {
     }
 }
 
-impl<C> KeptConnections<C> {
+impl<C> BatchConnections<C> {
     /// A kept connection, if there is one.
     pub fn take(&self) -> Option<C> {
         self.kept

@@ -10,21 +10,22 @@ use std::{
 use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::{CommitObserver, Deleted, Deletion, StoreError, remaining};
+use super::{CommitNews, remaining};
+use crate::{CommitObserver, Deleted, Deletion, StoreError};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
-/// Requests that may wait for a lane; past it, senders wait too.
+/// Requests that may wait for a commit worker; past it, senders wait too.
 const QUEUE_DEPTH: usize = 4 * MAX_BATCH;
 
 /// What a backend says about one deletion of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub enum DeletionOutcome {
     Deleted,
     NotFound,
     /// Another session holds the row: it is retried alone, waiting for the row, so the
     /// rest of its batch is not held up.
-    Held,
+    RowLocked,
     /// The caller's idempotency key already deleted this plant; nothing was done now.
     Replayed,
     /// The caller's idempotency key already deleted another plant, this one; nothing was
@@ -43,11 +44,11 @@ pub trait BatchWriter: Send + Sync + 'static {
     /// one outcome per deletion, in order. No two deletions share an idempotency key.
     /// After an error nothing of the batch is committed, unless it struck during the
     /// commit itself, when nobody can tell.
-    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<Outcome>, StoreError>;
+    async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError>;
 
     /// Deletes one plant in a transaction of its own, waiting for its row if another
-    /// session holds it; never answers `Outcome::Held`.
-    async fn delete_one(&self, deletion: &Deletion) -> Result<Outcome, StoreError>;
+    /// session holds it; never answers `DeletionOutcome::RowLocked`.
+    async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError>;
 }
 
 type Reply = oneshot::Sender<Result<Deleted, StoreError>>;
@@ -65,6 +66,15 @@ pub struct Batcher {
     sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
 }
 
+/// What every commit worker shares: the writer, the queue, and whom it tells of commits.
+#[derive(Clone)]
+struct CommitWorker {
+    writer: Arc<dyn BatchWriter>,
+    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
+    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
+    news: CommitNews,
+}
+
 impl fmt::Debug for Batcher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Batcher")
@@ -74,22 +84,25 @@ impl fmt::Debug for Batcher {
 }
 
 impl Batcher {
-    /// Starts `lanes` workers on one queue. No timer: a lane takes whatever queued while
-    /// its previous commit ran, so a request alone waits for nothing extra. The workers
-    /// end when the last clone of the batcher is dropped.
-    pub fn start(writer: Arc<dyn BatchWriter>, lanes: usize) -> Self {
+    /// Starts `workers` commit workers on one queue; `news` is bumped after each commit
+    /// that deleted a plant. No timer: a worker takes whatever queued while its previous
+    /// commit ran, so a request alone waits for nothing extra. The workers end when the
+    /// last clone of the batcher is dropped.
+    pub fn start(writer: Arc<dyn BatchWriter>, workers: usize, news: CommitNews) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
-        let receiver = Arc::new(Mutex::new(receiver));
-        let sizes = Arc::new(OnceLock::new());
-        for _ in 0..lanes.max(1) {
-            let lane = Lane {
-                writer: Arc::clone(&writer),
-                receiver: Arc::clone(&receiver),
-                sizes: Arc::clone(&sizes),
-            };
-            tokio::spawn(supervise(lane));
+        let worker = CommitWorker {
+            writer,
+            receiver: Arc::new(Mutex::new(receiver)),
+            sizes: Arc::new(OnceLock::new()),
+            news,
+        };
+        for _ in 0..workers.max(1) {
+            tokio::spawn(supervise(worker.clone()));
         }
-        Self { queue, sizes }
+        Self {
+            queue,
+            sizes: worker.sizes,
+        }
     }
 
     /// Tells `sizes` the size of every batch from now on.
@@ -116,40 +129,35 @@ impl Batcher {
     }
 }
 
-/// Keeps a lane running: a panic in one commit fails that batch's requests (their replies
-/// are dropped, so they answer `Stopped`), not every later one.
-async fn supervise(lane: Lane) {
+/// Keeps a worker running: a panic in one commit fails that batch's requests (their
+/// replies are dropped, so they answer `Stopped`), not every later one.
+async fn supervise(worker: CommitWorker) {
     loop {
-        match tokio::spawn(run_lane(lane.clone())).await {
+        match tokio::spawn(run_worker(worker.clone())).await {
             Ok(()) => return,
-            Err(err) => tracing::error!(error = %err, "a group-commit lane stopped; restarting it"),
+            Err(err) => {
+                tracing::error!(error = %err, "a group-commit worker stopped; restarting it")
+            }
         }
     }
 }
 
-/// What one worker of the queue holds.
-#[derive(Clone)]
-struct Lane {
-    writer: Arc<dyn BatchWriter>,
-    receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
-    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
-}
-
-async fn run_lane(
-    Lane {
-        writer,
-        receiver,
-        sizes,
-    }: Lane,
-) {
+async fn run_worker(worker: CommitWorker) {
     let mut jobs = Vec::with_capacity(MAX_BATCH);
     loop {
-        // The lock is held only while waiting for work, so another lane takes the next
+        // The lock is held only while waiting for work, so another worker takes the next
         // batch while this one commits.
-        if receiver.lock().await.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+        if worker
+            .receiver
+            .lock()
+            .await
+            .recv_many(&mut jobs, MAX_BATCH)
+            .await
+            == 0
+        {
             return;
         }
-        commit(&writer, jobs.drain(..), sizes.get()).await;
+        commit(&worker, jobs.drain(..)).await;
     }
 }
 
@@ -158,11 +166,8 @@ async fn run_lane(
 /// delete the row is gone for them; the same key is a replay) and are tried alone after it
 /// where it does not.
 #[tracing::instrument(level = "debug", skip_all, fields(size))]
-async fn commit(
-    writer: &Arc<dyn BatchWriter>,
-    jobs: impl Iterator<Item = Job>,
-    sizes: Option<&Arc<dyn CommitObserver>>,
-) {
+async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
+    let writer = &worker.writer;
     let mut deletions: Vec<Deletion> = Vec::new();
     let mut replies = Vec::new();
     let mut repeats: Vec<(usize, Job)> = Vec::new();
@@ -192,24 +197,27 @@ async fn commit(
         return;
     }
     tracing::Span::current().record("size", deletions.len());
-    if let Some(sizes) = sizes {
-        sizes.batch_committed(deletions.len());
-    }
 
     let outcomes = writer.delete_batch(&deletions).await;
     match outcomes.and_then(|outcomes| one_each(deletions.len(), outcomes)) {
         Ok(outcomes) => {
+            if let Some(sizes) = worker.sizes.get() {
+                sizes.batch_committed(deletions.len());
+            }
+            if outcomes.contains(&DeletionOutcome::Deleted) {
+                worker.news.bump();
+            }
             for (index, job) in repeats {
                 match repeat_outcome(&deletions[index], outcomes[index], &job.deletion) {
                     Some(outcome) => {
                         let _ = job.reply.send(answer(outcome));
                     }
-                    None => retry_alone(writer, job.deletion, job.reply),
+                    None => retry_alone(worker, job.deletion, job.reply),
                 }
             }
             for ((deletion, reply), outcome) in deletions.into_iter().zip(replies).zip(outcomes) {
                 match outcome {
-                    Outcome::Held => retry_alone(writer, deletion, reply),
+                    DeletionOutcome::RowLocked => retry_alone(worker, deletion, reply),
                     outcome => {
                         let _ = reply.send(answer(outcome));
                     }
@@ -220,10 +228,10 @@ async fn commit(
         // text: every deletion of the batch is tried again alone, and only that row fails.
         Err(StoreError::Referenced) if deletions.len() > 1 => {
             for (deletion, reply) in deletions.into_iter().zip(replies) {
-                retry_alone(writer, deletion, reply);
+                retry_alone(worker, deletion, reply);
             }
             for (_, job) in repeats {
-                retry_alone(writer, job.deletion, job.reply);
+                retry_alone(worker, job.deletion, job.reply);
             }
         }
         Err(err) => fail_all(replies, repeats, &err),
@@ -232,7 +240,10 @@ async fn commit(
 
 /// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
 /// broken promise and an error for the whole batch, never a guessed answer.
-fn one_each(size: usize, outcomes: Vec<Outcome>) -> Result<Vec<Outcome>, StoreError> {
+fn one_each(
+    size: usize,
+    outcomes: Vec<DeletionOutcome>,
+) -> Result<Vec<DeletionOutcome>, StoreError> {
     if outcomes.len() == size {
         return Ok(outcomes);
     }
@@ -245,7 +256,7 @@ fn one_each(size: usize, outcomes: Vec<Outcome>) -> Result<Vec<Outcome>, StoreEr
 }
 
 /// The outcome of a batch of one deletion, as `one_each` checks it.
-pub fn sole_outcome(outcomes: Vec<Outcome>) -> Result<Outcome, StoreError> {
+pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
     let mut outcomes = one_each(1, outcomes)?.into_iter();
     outcomes
         .next()
@@ -254,18 +265,28 @@ pub fn sole_outcome(outcomes: Vec<Outcome>) -> Result<Outcome, StoreError> {
 
 /// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
 /// when that does not settle it and it must be tried alone.
-fn repeat_outcome(first: &Deletion, outcome: Outcome, repeat: &Deletion) -> Option<Outcome> {
-    let deleted_by_key = matches!(outcome, Outcome::Deleted | Outcome::Replayed);
+fn repeat_outcome(
+    first: &Deletion,
+    outcome: DeletionOutcome,
+    repeat: &Deletion,
+) -> Option<DeletionOutcome> {
+    let deleted_by_key = matches!(
+        outcome,
+        DeletionOutcome::Deleted | DeletionOutcome::Replayed
+    );
     if first.same_key_as(repeat) && deleted_by_key {
         return Some(if first.plant_id == repeat.plant_id {
-            Outcome::Replayed
+            DeletionOutcome::Replayed
         } else {
-            Outcome::KeyReused(first.plant_id)
+            DeletionOutcome::KeyReused(first.plant_id)
         });
     }
-    let row_gone = matches!(outcome, Outcome::Deleted | Outcome::NotFound);
+    let row_gone = matches!(
+        outcome,
+        DeletionOutcome::Deleted | DeletionOutcome::NotFound
+    );
     if first.plant_id == repeat.plant_id && row_gone && repeat.idempotency_key.is_none() {
-        return Some(Outcome::NotFound);
+        return Some(DeletionOutcome::NotFound);
     }
     None
 }
@@ -283,26 +304,29 @@ fn still_waited_for(job: Job) -> Option<Job> {
     Some(job)
 }
 
-/// Runs a deletion on its own task, so a wait for one row never holds up the lane.
-fn retry_alone(writer: &Arc<dyn BatchWriter>, deletion: Deletion, reply: Reply) {
-    let writer = Arc::clone(writer);
+/// Runs a deletion on its own task, so a wait for one row never holds up the worker.
+fn retry_alone(worker: &CommitWorker, deletion: Deletion, reply: Reply) {
+    let (writer, news) = (Arc::clone(&worker.writer), worker.news.clone());
     tokio::spawn(async move {
         let Some(Job { deletion, reply }) = still_waited_for(Job { deletion, reply }) else {
             return;
         };
         let outcome = writer.delete_one(&deletion).await;
+        if matches!(outcome, Ok(DeletionOutcome::Deleted)) {
+            news.bump();
+        }
         let _ = reply.send(outcome.and_then(answer));
     });
 }
 
-fn answer(outcome: Outcome) -> Result<Deleted, StoreError> {
+fn answer(outcome: DeletionOutcome) -> Result<Deleted, StoreError> {
     match outcome {
-        Outcome::Deleted => Ok(Deleted::Now),
-        Outcome::Replayed => Ok(Deleted::Replayed),
-        Outcome::NotFound => Err(StoreError::NotFound),
-        Outcome::KeyReused(plant_id) => Err(StoreError::KeyReused { plant_id }),
+        DeletionOutcome::Deleted => Ok(Deleted::Now),
+        DeletionOutcome::Replayed => Ok(Deleted::Replayed),
+        DeletionOutcome::NotFound => Err(StoreError::NotFound),
+        DeletionOutcome::KeyReused(plant_id) => Err(StoreError::KeyReused { plant_id }),
         // `delete_one` never answers it; should a backend do so, the outcome is unknown.
-        Outcome::Held => Err(StoreError::Stopped),
+        DeletionOutcome::RowLocked => Err(StoreError::Stopped),
     }
 }
 
@@ -320,17 +344,17 @@ mod tests {
     #[test]
     fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
         assert!(matches!(
-            one_each(2, vec![Outcome::Deleted]),
+            one_each(2, vec![DeletionOutcome::Deleted]),
             Err(StoreError::Broken(_))
         ));
-        assert!(matches!(sole_outcome(vec![]), Err(StoreError::Broken(_))));
+        assert!(matches!(only_outcome(vec![]), Err(StoreError::Broken(_))));
         assert!(matches!(
-            sole_outcome(vec![Outcome::NotFound, Outcome::Deleted]),
+            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Deleted]),
             Err(StoreError::Broken(_))
         ));
         assert_eq!(
-            sole_outcome(vec![Outcome::NotFound]).ok(),
-            Some(Outcome::NotFound)
+            only_outcome(vec![DeletionOutcome::NotFound]).ok(),
+            Some(DeletionOutcome::NotFound)
         );
     }
 }

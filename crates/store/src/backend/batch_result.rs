@@ -3,7 +3,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::{Deletion, Outcome};
+use super::DeletionOutcome;
+use crate::Deletion;
 
 /// Facts about one batch, as a backend's statement reports them.
 #[derive(Debug, Default)]
@@ -20,19 +21,19 @@ pub struct BatchResult {
 
 impl BatchResult {
     /// Each deletion's outcome, in batch order.
-    pub fn outcomes(&self, batch: &[Deletion]) -> Vec<Outcome> {
+    pub fn outcomes(&self, batch: &[Deletion]) -> Vec<DeletionOutcome> {
         batch
             .iter()
             .enumerate()
             .map(|(index, deletion)| {
                 let earlier = self.earlier.get(&index).copied();
-                keyed_outcome(deletion, earlier).unwrap_or_else(|| {
+                replay_or_reuse(deletion, earlier).unwrap_or_else(|| {
                     if self.deleted.contains(&deletion.plant_id) {
-                        Outcome::Deleted
+                        DeletionOutcome::Deleted
                     } else if self.present.contains(&deletion.plant_id) {
-                        Outcome::Held
+                        DeletionOutcome::RowLocked
                     } else {
-                        Outcome::NotFound
+                        DeletionOutcome::NotFound
                     }
                 })
             })
@@ -42,12 +43,12 @@ impl BatchResult {
 
 /// A deletion whose caller's key already deleted `earlier`: a replay when that was this
 /// plant, a reused key when it was another. `None` when the key deleted nothing yet.
-pub fn keyed_outcome(deletion: &Deletion, earlier: Option<i64>) -> Option<Outcome> {
+pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
     earlier.map(|plant_id| {
         if plant_id == deletion.plant_id {
-            Outcome::Replayed
+            DeletionOutcome::Replayed
         } else {
-            Outcome::KeyReused(plant_id)
+            DeletionOutcome::KeyReused(plant_id)
         }
     })
 }
@@ -79,11 +80,11 @@ mod tests {
         assert_eq!(
             result.outcomes(&batch),
             [
-                Outcome::Deleted,
-                Outcome::Held,
-                Outcome::NotFound,
-                Outcome::Replayed,
-                Outcome::KeyReused(9),
+                DeletionOutcome::Deleted,
+                DeletionOutcome::RowLocked,
+                DeletionOutcome::NotFound,
+                DeletionOutcome::Replayed,
+                DeletionOutcome::KeyReused(9),
             ]
         );
     }

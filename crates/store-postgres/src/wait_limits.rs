@@ -4,30 +4,34 @@
 
 use std::time::Duration;
 
-use plantstore_store::{LimitedConnection, StoreError, remaining, statement_share};
+use plantstore_store::{
+    StoreError,
+    backend::{LimitedConnection, remaining, statement_share},
+};
 use sqlx::{AssertSqlSafe, Executor, Postgres, pool::PoolConnection};
 use tokio::time::Instant;
 
-use crate::errors::classify;
+use crate::database::Database;
 
-/// A writer lane's kept connection and the limits its session has.
-pub(crate) type LaneConnection = LimitedConnection<PoolConnection<Postgres>>;
+/// A commit worker's kept connection and the limits its session has.
+pub(crate) type WorkerConnection = LimitedConnection<PoolConnection<Postgres>>;
 
 /// Bounds the session's lock and statement waits by what `deadline` leaves, when the
-/// limits in force do not already (see `WaitLimit::renew`): in a steady stream one
-/// statement per connection, not one per batch.
+/// limits in force do not already (see `WaitLimit::limit_to_set`): in a steady stream
+/// one statement per connection, not one per batch.
 ///
-/// The limits stay with the session, so a lane's connection that fails is closed, never
+/// The limits stay with the session, so a worker's connection that fails is closed, never
 /// handed back to the pool where other queries would inherit them.
 pub(crate) async fn limit_session(
-    lane: &mut LaneConnection,
+    db: &Database,
+    kept: &mut WorkerConnection,
     deadline: Instant,
 ) -> Result<(), StoreError> {
-    if let Some(limit) = lane.limit.renew(remaining(deadline)?) {
-        lane.conn
-            .execute(AssertSqlSafe(both("SET", limit)))
+    if let Some(limit) = kept.limit.limit_to_set(remaining(deadline)?) {
+        kept.conn
+            .execute(AssertSqlSafe(set_wait_limits("SET", limit)))
             .await
-            .map_err(classify)?;
+            .map_err(|err| db.error(err))?;
     }
     // The SET took a round trip; the statement is sent only if there is still time.
     remaining(deadline).map(drop)
@@ -38,7 +42,7 @@ pub(crate) async fn limit_session(
 pub(crate) fn begin_limited(deadline: Instant) -> Result<AssertSqlSafe<String>, StoreError> {
     Ok(AssertSqlSafe(format!(
         "BEGIN; {}",
-        both("SET LOCAL", statement_share(remaining(deadline)?))
+        set_wait_limits("SET LOCAL", statement_share(remaining(deadline)?))
     )))
 }
 
@@ -46,7 +50,7 @@ pub(crate) fn begin_limited(deadline: Instant) -> Result<AssertSqlSafe<String>, 
 /// each limit counts from its statement's start, so a second waiting statement must not
 /// get the whole of it again.
 pub(crate) fn renew_local(deadline: Instant) -> Result<AssertSqlSafe<String>, StoreError> {
-    Ok(AssertSqlSafe(both(
+    Ok(AssertSqlSafe(set_wait_limits(
         "SET LOCAL",
         statement_share(remaining(deadline)?),
     )))
@@ -58,8 +62,10 @@ pub(crate) fn may_commit(deadline: Instant) -> Result<(), StoreError> {
     remaining(deadline).map(drop)
 }
 
-/// Whole milliseconds, at least one: zero would mean no limit at all.
-fn both(set: &str, limit: Duration) -> String {
+/// `lock_timeout` and `statement_timeout` both set to `limit`, with `set` (`SET` for the
+/// session, `SET LOCAL` for the transaction), in whole milliseconds, at least one: zero
+/// would mean no limit at all.
+fn set_wait_limits(set: &str, limit: Duration) -> String {
     let millis = limit.as_millis().max(1);
     format!("{set} lock_timeout = {millis}; {set} statement_timeout = {millis}")
 }

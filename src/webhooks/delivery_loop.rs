@@ -1,52 +1,51 @@
-//! Delivery to one endpoint while this instance holds its lease: when to read the log,
-//! each plant's next event sent once the one before it is delivered, each outcome
-//! settled, and the cursor saved.
+//! Delivery to one endpoint while this instance holds its lease: the log read when the
+//! store says commits happened (or at the poll), each plant's next event sent once the
+//! one before it is delivered, each outcome settled, and the cursor saved.
 
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{DeliveryReport, Lease, Signing, Store, StreamPosition};
+use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
+use plantstore_store::{
+    DeliveryReport, EndpointState, Event, Lease, Signing, Store, StreamPosition,
+};
 use tokio::{
     sync::watch,
-    time::{Instant, sleep, sleep_until},
+    time::{Instant, MissedTickBehavior, sleep_until},
 };
 
 use super::{
-    attempt::{Attempt, Destination, webhook_id},
-    backoff::Backoff,
-    commit_signal::SignalListener,
-    pending::{PendingEvents, WINDOW},
-    sending::{Lane, Outcome, SendingThread},
+    attempt::{Attempt, EndpointClient, webhook_id},
+    backoff::retry_wait,
+    pending::{EventToSend, PendingEvents, WINDOW},
+    signature::Signer,
 };
-use crate::telemetry::{EndpointMetrics, Metrics};
+use crate::{
+    config::WebhookConfig,
+    telemetry::{EndpointMetrics, Metrics},
+};
 
 /// Requests in flight to one endpoint at most, each for another plant: over HTTP/1.1 each
 /// holds a connection of its own (requests are never pipelined), over HTTP/2 a stream.
 /// Enough to cover the round trip to a receiver on the same machine under load, few
 /// enough not to swamp one that serves a request at a time per connection.
 const IN_FLIGHT: usize = 64;
-/// How often the log is read when no delete of this instance rang: for the deletes of
-/// other instances and processes.
+/// How often the log is read with no news of commits: for what no news covers (another
+/// process's commits on SQLite, an announcement lost in a crash, events held back by a
+/// transaction still running when they were announced).
 const POLL: Duration = Duration::from_millis(500);
-/// The same while their commits are announced (PostgreSQL): for an announcement lost, and
-/// for events held back by a transaction that was still running when they were announced.
-const POLL_HEARING: Duration = Duration::from_secs(2);
-/// The shortest time between two reads that found the log's end: under load the commit
-/// signal is raised with every delete, and a read per signal would cost a query per event.
-/// It is not listened to during the gap, only looked at when it ends: woken by each, the loop
-/// went round about 12,000 times a second under load, each time on a request thread
-/// (bench/RESULTS.md).
+/// The least time between two reads: under load news comes with every commit, and a read
+/// per commit would cost a query for every few events.
 const READ_GAP: Duration = Duration::from_millis(20);
 /// How often a moving cursor is saved: each save is a write, which on SQLite queues with
-/// the deletes for its one writer (saving each time all read was delivered cost deletes a
-/// tenth of their rate once delivery kept up with them).
+/// the deletes for its one writer.
 const SAVE_EVERY: Duration = Duration::from_millis(200);
 /// How long a stopping delivery waits for the answers to requests it has sent.
 const ANSWERS_ON_STOP: Duration = Duration::from_secs(2);
 
-/// Why delivery to an endpoint stopped.
+/// Why delivery to an endpoint ended.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Stopped {
+pub(super) enum DeliveryEnd {
     /// Another instance holds the lease now, the endpoint was removed, or its cursor was
     /// moved (`replay`, `enable`).
     LeaseLost,
@@ -85,9 +84,9 @@ impl Progress {
         }
     }
 
-    /// When the cursor is to be saved: `SAVE_EVERY` after the last save, once it moved.
-    fn save_at(&self) -> Option<Instant> {
-        (self.cursor != self.saved).then_some(self.last_save + SAVE_EVERY)
+    /// Whether the cursor moved and `SAVE_EVERY` has passed since the last save.
+    fn save_due(&self) -> bool {
+        self.cursor != self.saved && self.last_save.elapsed() >= SAVE_EVERY
     }
 
     fn report(&self) -> DeliveryReport {
@@ -95,9 +94,9 @@ impl Progress {
             cursor: self.cursor,
             delivered_through: self.delivered_through,
             state: if self.failing.is_some() {
-                "failing"
+                EndpointState::Failing
             } else {
-                "active"
+                EndpointState::Active
             },
             last_error: self.failing.as_ref().map(|(error, _)| error.clone()),
             next_attempt_at: self.failing.as_ref().map(|(_, at)| *at),
@@ -105,115 +104,110 @@ impl Progress {
     }
 }
 
-pub(super) struct EndpointDelivery {
+/// One attempt, as it came back.
+struct AttemptOutcome {
+    event: Event,
+    /// Failed attempts before this one.
+    failures: u32,
+    attempt: Attempt,
+    /// From the event's commit to this attempt's end.
+    lag: Duration,
+}
+
+/// Attempts in flight, or waiting to be retried; `None` back from one that was still
+/// waiting when this instance began to stop, and so was never sent.
+type InFlight = FuturesUnordered<BoxFuture<'static, Option<AttemptOutcome>>>;
+
+pub(super) struct DeliveryLoop {
     pub(super) store: Arc<dyn Store>,
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
-    pub(super) sending: Arc<SendingThread>,
-    /// Each attempt's limit, connecting included.
-    pub(super) timeout: Duration,
+    pub(super) config: WebhookConfig,
     /// The endpoint's secrets as the lease now has them (a rotation changes them).
     pub(super) signing: watch::Receiver<Signing>,
-    pub(super) backoff: Backoff,
     pub(super) metrics: Arc<Metrics>,
-    pub(super) wake: SignalListener,
-    /// Changes when another process announces events, where the database carries that.
-    pub(super) heard: Option<watch::Receiver<u64>>,
+    /// The store's news of commits (`Store::commits`).
+    pub(super) commits: watch::Receiver<u64>,
     /// Turns true when this instance stops.
     pub(super) stopping: watch::Receiver<bool>,
 }
 
-impl EndpointDelivery {
-    #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint))]
-    pub(super) async fn run(mut self) -> Stopped {
+impl DeliveryLoop {
+    #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint_id))]
+    pub(super) async fn run(mut self) -> DeliveryEnd {
         let counts = self
             .metrics
-            .webhook_endpoint(&self.lease.endpoint.to_string());
-        let destination = Destination::new(&self.lease.url, self.lease.http2, self.timeout);
-        let poll = if self.heard.is_some() {
-            POLL_HEARING
-        } else {
-            POLL
-        };
+            .webhook_endpoint(&self.lease.endpoint_id.to_string());
+        let client = Arc::new(EndpointClient::new(
+            &self.lease.url,
+            self.lease.http2,
+            &self.config,
+        ));
         let mut ahead = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
-        let mut lane = self.sending.open(destination, self.signing.clone());
-        let mut in_flight = 0;
+        let mut in_flight = InFlight::new();
+        let mut poll = tokio::time::interval(POLL);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // Whether the log may hold more than was read: false after a read came back short,
-        // until the commit signal, an announcement or the poll says there may be new events.
+        // until news of a commit, or the poll, says there may be new events.
         let mut more = true;
-        let mut next_read = Instant::now();
+        let mut last_read = Instant::now();
+        let mut news_gone = false;
         loop {
-            if more && ahead.room() >= WINDOW / 4 && Instant::now() >= next_read {
-                self.wake.heard();
+            if more && ahead.room() >= WINDOW / 4 {
+                // Seen before reading: a commit after this is news again.
+                self.commits.mark_unchanged();
                 more = self.read(&mut ahead).await;
-                if !more {
-                    next_read = Instant::now() + READ_GAP;
-                }
+                last_read = Instant::now();
             }
-            while in_flight < IN_FLIGHT {
-                let Some(dispatch) = ahead.next_dispatch() else {
+            while in_flight.len() < IN_FLIGHT {
+                let Some(to_send) = ahead.next_to_send() else {
                     break;
                 };
-                if !lane.send(dispatch) {
-                    // The sending thread is gone: start over from the saved cursor.
-                    return Stopped::LeaseLost;
-                }
-                in_flight += 1;
+                in_flight.push(
+                    attempt(
+                        Arc::clone(&client),
+                        self.signing.clone(),
+                        to_send,
+                        self.stopping.clone(),
+                    )
+                    .boxed(),
+                );
             }
             progress.advance(&mut ahead);
-            let save_at = progress.save_at();
-            if save_at.is_some_and(|at| Instant::now() >= at)
-                && let Some(stopped) = self.save(&mut progress).await
+            if progress.save_due()
+                && let Some(end) = self.save(&mut progress).await
             {
-                return stopped;
+                return end;
             }
-            let save_at = progress.save_at();
-            // During the gap the signal is only looked at when it ends; after it, listened to.
-            let in_gap = Instant::now() < next_read;
             let outcome = tokio::select! {
-                outcome = lane.next(), if in_flight > 0 => match outcome {
-                    Some(outcome) => outcome,
-                    None => return Stopped::LeaseLost,
-                },
-                () = self.wake.changed(), if !more && !in_gap => {
+                Some(outcome) = in_flight.next() => outcome,
+                news = self.commits.changed(), if !more && !news_gone => {
+                    // The store is gone: only the poll reads from now on.
+                    news_gone = news.is_err();
+                    sleep_until(last_read + READ_GAP).await;
                     more = true;
                     continue;
                 }
-                heard = changed(&mut self.heard) => {
-                    if heard.is_err() {
-                        // The store stopped listening: the poll still reads.
-                        self.heard = None;
-                    }
+                _ = poll.tick() => {
                     more = true;
                     continue;
                 }
-                () = stopped(&mut self.stopping) => {
-                    return self.finish(&mut lane, &counts, &mut ahead, &mut progress).await;
-                }
-                // The gap ended: read if more may be there, or the signal came during it.
-                () = sleep_until(next_read), if in_gap => {
-                    more = more || self.wake.was_raised();
-                    continue;
-                }
-                () = sleep_until(save_at.unwrap_or_else(Instant::now)), if save_at.is_some() => continue,
-                () = sleep(poll) => {
-                    more = true;
-                    continue;
+                () = stop_requested(&mut self.stopping) => {
+                    return self.finish(&mut in_flight, &counts, &mut ahead, &mut progress).await;
                 }
             };
-            // Every outcome already back is settled before the loop goes round again: a
-            // round per event cost the request threads timers and wake-ups under load.
+            // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
-                in_flight -= 1;
-                if let Some(stopped) = self
-                    .settle(outcome, &counts, &mut ahead, &mut progress)
-                    .await
+                if let Some(outcome) = outcome
+                    && let Some(end) = self
+                        .settle(outcome, &counts, &mut ahead, &mut progress)
+                        .await
                 {
-                    return stopped;
+                    return end;
                 }
-                next = lane.try_next();
+                next = in_flight.next().now_or_never().flatten();
             }
         }
     }
@@ -224,25 +218,26 @@ impl EndpointDelivery {
     /// retry still waiting, goes again from there, as around a crash.
     async fn finish(
         &self,
-        lane: &mut Lane,
+        in_flight: &mut InFlight,
         counts: &EndpointMetrics,
         ahead: &mut PendingEvents,
         progress: &mut Progress,
-    ) -> Stopped {
-        lane.close();
+    ) -> DeliveryEnd {
         let until = Instant::now() + ANSWERS_ON_STOP;
-        while let Ok(Some(outcome)) = tokio::time::timeout_at(until, lane.next()).await {
-            if let Some(stopped) = self.settle(outcome, counts, ahead, progress).await {
-                return stopped;
+        while let Ok(Some(outcome)) = tokio::time::timeout_at(until, in_flight.next()).await {
+            if let Some(outcome) = outcome
+                && let Some(end) = self.settle(outcome, counts, ahead, progress).await
+            {
+                return end;
             }
         }
         progress.advance(ahead);
-        if progress.save_at().is_some()
-            && let Some(stopped) = self.save(progress).await
+        if progress.cursor != progress.saved
+            && let Some(end) = self.save(progress).await
         {
-            return stopped;
+            return end;
         }
-        Stopped::Halted
+        DeliveryEnd::Halted
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
@@ -251,9 +246,7 @@ impl EndpointDelivery {
         match self.store.read_events(ahead.read_to(), room as i64).await {
             Ok(events) => {
                 let full = events.len() >= room;
-                ahead.add(events, |event| {
-                    self.lease.events.contains(event.kind.name())
-                });
+                ahead.add(events, |event| self.lease.events.contains(&event.kind));
                 full
             }
             Err(err) => {
@@ -264,7 +257,7 @@ impl EndpointDelivery {
     }
 
     /// Saves the progress; `Some` when delivery must stop, the lease being lost.
-    async fn save(&self, progress: &mut Progress) -> Option<Stopped> {
+    async fn save(&self, progress: &mut Progress) -> Option<DeliveryEnd> {
         match self
             .store
             .report_delivery(&self.lease, &self.owner, &progress.report())
@@ -275,7 +268,7 @@ impl EndpointDelivery {
                 progress.last_save = Instant::now();
                 None
             }
-            Ok(false) => Some(Stopped::LeaseLost),
+            Ok(false) => Some(DeliveryEnd::LeaseLost),
             Err(err) => {
                 tracing::warn!(error = %err, "cannot save the webhook delivery's progress");
                 // Tried again after `SAVE_EVERY`, not at once.
@@ -288,12 +281,12 @@ impl EndpointDelivery {
     /// What an attempt came to: the plant's next event, a retry, or (after a 410) the end.
     async fn settle(
         &self,
-        outcome: Outcome,
+        outcome: AttemptOutcome,
         counts: &EndpointMetrics,
         ahead: &mut PendingEvents,
         progress: &mut Progress,
-    ) -> Option<Stopped> {
-        let Outcome {
+    ) -> Option<DeliveryEnd> {
+        let AttemptOutcome {
             event,
             failures,
             attempt,
@@ -310,7 +303,7 @@ impl EndpointDelivery {
                 counts.gone();
                 tracing::warn!(webhook_id = %webhook_id(&event), "the receiver answered 410 Gone: endpoint disabled");
                 let report = DeliveryReport {
-                    state: "disabled",
+                    state: EndpointState::Disabled,
                     last_error: Some("the receiver answered 410 Gone".into()),
                     next_attempt_at: None,
                     ..progress.report()
@@ -322,12 +315,12 @@ impl EndpointDelivery {
                 {
                     tracing::warn!(error = %err, "cannot save that the endpoint is disabled");
                 }
-                Some(Stopped::Disabled)
+                Some(DeliveryEnd::Disabled)
             }
             Attempt::Failed { error, retry_after } => {
                 counts.failed();
                 let failures = failures + 1;
-                let wait = self.backoff.after(failures, retry_after);
+                let wait = retry_wait(&self.config, failures, retry_after);
                 tracing::info!(webhook_id = %webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
                 let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 progress.failing = Some((error, next));
@@ -338,15 +331,38 @@ impl EndpointDelivery {
     }
 }
 
-/// Resolves when this instance stops, or can no longer be told to (the sender is gone).
-async fn stopped(stopping: &mut watch::Receiver<bool>) {
-    let _ = stopping.wait_for(|stop| *stop).await;
+/// Sends one event, after its wait; a retry still waiting when this instance begins to
+/// stop is left for the next start. Signed with the endpoint's secrets as they are when it
+/// is sent, so a retry after a rotation carries the new one.
+async fn attempt(
+    client: Arc<Result<EndpointClient, String>>,
+    signing: watch::Receiver<Signing>,
+    to_send: EventToSend,
+    stopping: watch::Receiver<bool>,
+) -> Option<AttemptOutcome> {
+    if !to_send.wait.is_zero() {
+        tokio::time::sleep(to_send.wait).await;
+        if *stopping.borrow() {
+            return None;
+        }
+    }
+    let signer = Signer::new(&signing.borrow());
+    let attempt = match client.as_ref() {
+        Ok(client) => client.post(&signer, &to_send.event).await,
+        Err(error) => Attempt::failed(error.clone()),
+    };
+    let lag = (Utc::now() - to_send.event.happened_at())
+        .to_std()
+        .unwrap_or_default();
+    Some(AttemptOutcome {
+        event: to_send.event,
+        failures: to_send.failures,
+        attempt,
+        lag,
+    })
 }
 
-/// Resolves when `heard` changes; never when there is nothing to hear.
-async fn changed(heard: &mut Option<watch::Receiver<u64>>) -> Result<(), watch::error::RecvError> {
-    match heard {
-        Some(heard) => heard.changed().await,
-        None => std::future::pending().await,
-    }
+/// Resolves when this instance stops, or can no longer be told to (the sender is gone).
+async fn stop_requested(stopping: &mut watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
 }

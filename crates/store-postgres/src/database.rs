@@ -1,0 +1,160 @@
+//! The one door to the database: the pool and where its new connections go (failover).
+//! Every query gets its connection with `Database::conn` and sorts its errors with
+//! `Database::error`, and both tell failover about a database that stopped serving, so no
+//! query can leave failover out. Errors are sorted by kind and SQLSTATE, never by text.
+
+use std::{future::Future, sync::Arc};
+
+use plantstore_store::{StoreError, StoreSettings, backend::wait_until};
+use sqlx::{
+    Postgres,
+    pool::PoolConnection,
+    postgres::{PgPool, PgPoolOptions},
+};
+use tokio::time::Instant;
+
+use crate::{
+    failover::{Failover, fits},
+    hosts::HostList,
+};
+
+/// Every connection of the service carries it: deletion events are read up to the oldest
+/// transaction of these sessions only (`webhooks::read_events`), since only they write the
+/// log.
+pub(crate) const APPLICATION_NAME: &str = "plantstore";
+
+/// SQLSTATE classes and codes after which the same request may well succeed later:
+/// connection exceptions, insufficient resources, operator intervention (shutdowns,
+/// `cannot_connect_now`), the serialization failures a retry resolves, and a server that
+/// will not take writes now (`read_only_sql_transaction`: in recovery, or read-only after a
+/// failover). Whatever fails while a connection is being got or opened is unavailable too,
+/// whatever its code (see `conn`).
+const TRANSIENT_CLASSES: [&str; 3] = ["08", "53", "57P"];
+const TRANSIENT_CODES: [&str; 3] = ["25006", "40001", "40P01"];
+/// What the limits set from a request's deadline raise (`wait_limits`): lock_not_available
+/// (`lock_timeout`) and query_canceled (`statement_timeout`, or a DBA's cancel).
+const DEADLINE_CODES: [&str; 2] = ["55P03", "57014"];
+
+#[derive(Clone)]
+pub(crate) struct Database {
+    pool: PgPool,
+    failover: Arc<Failover>,
+}
+
+impl Database {
+    /// Opens the pool and one connection, so a wrong host or password fails at start.
+    /// With several hosts, the first in order that satisfies `target_session_attrs` is
+    /// used.
+    pub(crate) async fn open(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
+        let list = HostList::parse(url).map_err(|err| {
+            StoreError::Config(format!(
+                "DATABASE_URL is not a usable PostgreSQL URL: {err}"
+            ))
+        })?;
+        // Lock and statement limits come from each request's deadline (`wait_limits`).
+        let failover = Arc::new(Failover::new(list, settings.acquire_timeout, |options| {
+            options.application_name(APPLICATION_NAME)
+        }));
+        let (index, options) = failover.find().await?;
+        let attrs = failover.attrs();
+        let pool = PgPoolOptions::new()
+            .max_connections(settings.max_connections)
+            .acquire_timeout(settings.acquire_timeout)
+            // A dead connection fails its statement and is dropped; a ping before every
+            // use would add a round trip to each request to find that out sooner.
+            .test_before_acquire(false)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    // A server demoted since the host was chosen is not used.
+                    fits(conn, attrs).await?;
+                    prefer_generic_plans(conn).await
+                })
+            })
+            .connect_with(options)
+            .await
+            .map_err(classify)?;
+        failover.steer(pool.clone(), index);
+        Ok(Self { pool, failover })
+    }
+
+    /// For what takes a pool itself: the migrator, the listener, the pool's figures.
+    pub(crate) fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// A connection from the pool; failing to get one (refused, database gone, password
+    /// rotated, too many clients, TLS refused, pool exhausted) means the database cannot
+    /// serve now, whatever the code.
+    pub(crate) async fn conn(&self) -> Result<PoolConnection<Postgres>, StoreError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|err| self.noticed(StoreError::Unavailable(Arc::new(err))))
+    }
+
+    /// A connection from the pool by `deadline`.
+    pub(crate) async fn conn_by(
+        &self,
+        deadline: Instant,
+    ) -> Result<PoolConnection<Postgres>, StoreError> {
+        self.within(deadline, self.conn()).await
+    }
+
+    /// A driver error as the interface has it.
+    pub(crate) fn error(&self, err: sqlx::Error) -> StoreError {
+        self.noticed(classify(err))
+    }
+
+    /// Waits for `work`, but no later than `deadline`: a server that stopped answering
+    /// (a host gone without a reset, a network cut) shows only as this running out.
+    pub(crate) async fn within<T>(
+        &self,
+        deadline: Instant,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        wait_until(deadline, work)
+            .await
+            .map_err(|err| self.noticed(err))
+    }
+
+    /// `err`, after failover heard of it (it searches the hosts again when the database
+    /// is unavailable, read-only or too slow).
+    pub(crate) fn noticed(&self, err: StoreError) -> StoreError {
+        self.failover.notice(&err);
+        err
+    }
+}
+
+fn classify(err: sqlx::Error) -> StoreError {
+    if let sqlx::Error::Database(db) = &err
+        && db
+            .code()
+            .is_some_and(|code| DEADLINE_CODES.contains(&code.as_ref()))
+    {
+        return StoreError::TimedOut;
+    }
+    StoreError::classify(err, |db| {
+        db.code().is_some_and(|code| {
+            TRANSIENT_CODES.contains(&code.as_ref())
+                || TRANSIENT_CLASSES
+                    .iter()
+                    .any(|class| code.starts_with(class))
+        })
+    })
+}
+
+/// The batch statement takes arrays, for which the planner never trusts a generic plan,
+/// so by default it is planned anew on every execution: 0.1-0.25 ms of a delete that
+/// otherwise takes 0.05 ms (`EXPLAIN ANALYZE`, PostgreSQL 15). The service's statements
+/// are all point lookups by key, which a generic plan serves as well. A server too old to
+/// know the setting (before 12) keeps planning each time; nothing else changes.
+async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
+    use sqlx::Executor;
+    if let Err(err) = conn
+        .execute("SET plan_cache_mode = force_generic_plan")
+        .await
+    {
+        tracing::debug!(error = %err, "this server plans every statement anew");
+    }
+    Ok(())
+}

@@ -1,0 +1,56 @@
+//! News of commits that wrote to the deletion log, the one way delivery learns there may
+//! be events to read.
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+/// A counter bumped after each commit that wrote deletion log entries (a group commit
+/// with a delete in it, a restore, a replay), and on PostgreSQL when another process's
+/// commit is heard. Receivers only learn that it changed: one change may stand for many
+/// commits, so a reader reads everything new, never one event per change.
+#[derive(Debug, Clone)]
+pub struct CommitNews(Arc<watch::Sender<u64>>);
+
+impl Default for CommitNews {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(0)))
+    }
+}
+
+impl CommitNews {
+    /// After a commit that wrote to the deletion log, or word of one elsewhere.
+    pub fn bump(&self) {
+        self.0.send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.0.subscribe()
+    }
+
+    /// Resolves once no receiver is left: nobody needs the news from elsewhere any more.
+    pub async fn unheard(&self) {
+        self.0.closed().await;
+    }
+
+    pub fn has_receivers(&self) -> bool {
+        self.0.receiver_count() > 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn many_commits_before_a_look_are_one_change() {
+        let news = CommitNews::default();
+        let mut receiver = news.subscribe();
+        assert!(!receiver.has_changed().unwrap_or(true));
+        news.bump();
+        news.bump();
+        assert!(receiver.has_changed().unwrap_or(false));
+        receiver.mark_unchanged();
+        assert!(!receiver.has_changed().unwrap_or(true));
+    }
+}
