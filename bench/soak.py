@@ -46,7 +46,7 @@ HIT_IDS_PER_SECOND = 8_000
 SAMPLE_S = 5.0
 FLAT = 4
 # The endpoint's connections come and go with delivery: one per request in flight over
-# HTTP/1.1, up to the service's 64 (src/webhooks/endpoint.rs), each closed after 2 s idle.
+# HTTP/1.1, up to the service's 64 (src/webhooks/delivery_loop.rs), each closed after 2 s idle.
 # Open file descriptors may swing by that many on top of FLAT.
 WEBHOOK_CONNECTIONS = 64
 LAG_P99_LIMIT_S = 2.0

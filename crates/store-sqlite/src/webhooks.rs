@@ -9,10 +9,10 @@ use chrono::{DateTime, Utc};
 use plantstore_store::{
     DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
     StreamPosition, Webhooks,
-    backend::{EndpointRow, LeaseRow, event_list, found},
+    backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
 };
 
-use crate::{SqliteStore, errors::classify, stream};
+use crate::{SqliteStore, errors::classify};
 
 #[async_trait]
 impl Webhooks for SqliteStore {
@@ -178,12 +178,56 @@ impl Webhooks for SqliteStore {
         rows.into_iter().map(Lease::try_from).collect()
     }
 
+    /// Each kind is read in its own index's order and cut at the limit, so a read costs
+    /// what it returns, not the whole backlog.
+    #[tracing::instrument(level = "debug", skip(self))]
     async fn read_events(
         &self,
         after: StreamPosition,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        stream::read(&self.readers, after, limit).await
+        let (deletes_pos, deletes_id) = after.after_for(0);
+        let (restores_pos, restores_id) = after.after_for(1);
+        let rows = sqlx::query_as!(
+            EventRow,
+            r#"SELECT pos AS "pos!: i64", kind AS "kind!: i64", seq AS "seq!: i64",
+                      id AS "id!: i64", plant_id AS "plant_id!: i64",
+                      token_name AS "caller!: String", request_id AS "request_id!: String",
+                      idempotency_key AS "idempotency_key?: String",
+                      deleted_at AS "deleted_at!: DateTime<Utc>", snapshot AS "snapshot?: String",
+                      restored_at AS "restored_at?: DateTime<Utc>",
+                      restored_by AS "restored_by?: String"
+               FROM (
+                   SELECT * FROM (
+                       SELECT id AS pos, 0 AS kind, id AS seq, id, plant_id, token_name,
+                              request_id, idempotency_key, deleted_at, snapshot, restored_at,
+                              restored_by
+                       FROM plantstore_deletions
+                       WHERE id >= ?1 AND (id, id) > (?1, ?2)
+                       ORDER BY id
+                       LIMIT ?5)
+                   UNION ALL
+                   SELECT * FROM (
+                       SELECT restored_pos AS pos, 1 AS kind, restored_seq AS seq, id, plant_id,
+                              token_name, request_id, idempotency_key, deleted_at, snapshot,
+                              restored_at, restored_by
+                       FROM plantstore_deletions
+                       WHERE restored_pos >= ?3 AND (restored_pos, restored_seq) > (?3, ?4)
+                       ORDER BY restored_pos, restored_seq
+                       LIMIT ?5)
+               )
+               ORDER BY pos, kind, seq
+               LIMIT ?5"#,
+            deletes_pos,
+            deletes_id,
+            restores_pos,
+            restores_id,
+            limit
+        )
+        .fetch_all(&self.readers)
+        .await
+        .map_err(classify)?;
+        rows.into_iter().map(Event::try_from).collect()
     }
 
     #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]

@@ -7,11 +7,13 @@ use crate::{
     StoreError, StreamPosition,
 };
 
-/// An event as both backends select it; `kind` 0 is a delete, 1 a restore.
+/// An event as both backends select it: `kind` 0 is a delete, 1 a restore; `seq` orders
+/// the events of one place and kind (the entry's id; on SQLite a restore's own sequence).
 #[derive(Debug)]
 pub struct EventRow {
     pub pos: i64,
     pub kind: i64,
+    pub seq: i64,
     pub id: i64,
     pub plant_id: i64,
     pub caller: String,
@@ -31,7 +33,7 @@ impl TryFrom<EventRow> for Event {
             position: StreamPosition {
                 pos: row.pos,
                 kind: row.kind,
-                seq: row.id,
+                seq: row.seq,
             },
             kind: EventKind::try_from(row.kind)?,
             entry: DeletionRecord {

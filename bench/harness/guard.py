@@ -1,0 +1,108 @@
+"""The guard of a change (`bench/run --guard REV`): the service built from the checkout beside
+the one built from REV, in this one run, on the same databases, alternated PAIRS times: hits
+and 401s at 64 connections on both backends, each run's peak RSS; then the checkout's own
+deletion events (hits with one webhook endpoint beside hits without). A pair's ratio swung by
+a third between runs of one build minutes apart, so each target is judged on the median of
+the pairs' ratios, and every pair is printed."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from . import cpu
+from .checks import describe_hits_check, verify_hits
+from .common import BACKEND_NAME, EXPECT, LUA_MODE, NOAUTH_FIRST, fmt, fmt_rate, free_port, log
+from .databases import count_range
+from .load import fmt_unexpected, run_wrk, unexpected
+from .procs import PROCS
+from .service import Service, trim_log, vm_hwm_mib, wait_ready
+from .webhooks import PAIRS
+
+CONNS = 64
+WORKLOADS = ("hits", "401s")
+# The change's limits beside REV: hits and 401s within 10 %, and peak RSS.
+WITHIN = 0.10
+RSS_LIMIT_MIB = 30.0
+
+
+def guard_runs(b, baseline: Service, backend: str, url: str, db) -> None:
+    """PAIRS times: REV's build, then the checkout's, each a hit run and a 401 run."""
+    runs = b.R.setdefault("guard", {}).setdefault(backend, {})
+    for pair in range(PAIRS):
+        for build, svc in (("before", baseline), ("after", b.svc)):
+            for workload in WORKLOADS:
+                d = one_run(b, svc, backend, url, db, workload, pair, build)
+                runs.setdefault(workload, {}).setdefault(build, []).append(d)
+
+
+def one_run(b, svc: Service, backend: str, url: str, db, workload: str, pair: int,
+            build: str) -> dict:
+    """A fresh service process (so its peak RSS is this run's) under wrk at 64 connections;
+    a hit run's deletes are then checked in the database."""
+    db.settle(vacuum=workload == "hits")
+    if workload == "hits":
+        lo, hi = b.plan.guard[backend][2 * pair + (build == "after")]
+        before = count_range(db, lo, hi)
+    else:
+        lo, hi = NOAUTH_FIRST, 0
+    port = free_port()
+    tag = f"{backend}-{workload}-{build}-{pair + 1}"
+    slog = b.work / f"service-guard-{tag}.log"
+    proc = svc.start(url, port, slog)
+    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    cpu_before = cpu.snapshot(proc.pid)
+    d = run_wrk(port, LUA_MODE[workload], CONNS, lo, hi, b.s.seconds, b.tokens[backend],
+                b.work / f"wrk-guard-{tag}.out")
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
+    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
+    d["exit_code"] = PROCS.stop(proc)
+    d["unexpected"] = unexpected(d, EXPECT[workload])
+    d["log_lines"] = trim_log(slog) if not b.s.keep else None
+    log(f"{backend:<8} {workload:<5} {build:<6} {pair + 1} of {PAIRS} c={CONNS} "
+        f"{fmt_rate(d['rps']):>9} req/s  p99 {fmt(d['p99_ms'], 3)} ms  "
+        f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  unexpected: {fmt_unexpected(d['unexpected'])}")
+    if workload == "hits":
+        d["check"] = v = verify_hits(db, lo, hi, before, d)
+        b.note_check(f"guard {tag}", v, describe_hits_check)
+    return d
+
+
+def guard_targets(R: dict) -> list[dict]:
+    """Each backend's hits and 401s after beside before (the median of the pairs' ratios),
+    the highest peak RSS of the checkout's runs, and the deletion events' three targets on
+    their median pair."""
+    out = []
+    for backend, runs in R.get("guard", {}).items():
+        name = BACKEND_NAME[backend]
+        for workload, builds in runs.items():
+            ratios = [a["rps"] / b["rps"] for b, a in zip(builds["before"], builds["after"])
+                      if b["rps"]]
+            ratio = statistics.median(ratios) if ratios else None
+            out.append(target(f"{name} {workload} c={CONNS}: after / before within "
+                              f"{WITHIN:.0%} (pairs {', '.join(fmt(r) for r in ratios)})",
+                              ratio, lambda r: abs(r - 1) <= WITHIN))
+        peak = max(d["peak_rss_mib"] or 0 for builds in runs.values() for d in builds["after"])
+        out.append(target(f"{name}: peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB", peak,
+                          lambda p: p <= RSS_LIMIT_MIB))
+    return out
+
+
+def target(what: str, value, passes) -> dict:
+    passed = value is not None and passes(value)
+    return {"target": what, "value": value, "result": "PASS" if passed else "MISS"}
+
+
+def guard_table(R: dict) -> str:
+    rows = ["| backend | workload | before, req/s (each pair) | after, req/s (each pair) | "
+            "peak RSS before / after, MiB |", "|---|---|---|---|---|"]
+    for backend, runs in R.get("guard", {}).items():
+        for workload, builds in runs.items():
+            def each(build):
+                return ", ".join(fmt_rate(d["rps"]) for d in builds[build])
+
+            def rss(build):
+                return fmt(max(d["peak_rss_mib"] or 0 for d in builds[build]), 1)
+            rows.append(f"| {BACKEND_NAME[backend]} | {workload} | {each('before')} | "
+                        f"{each('after')} | {rss('before')} / {rss('after')} |")
+    return "\n".join(rows)
