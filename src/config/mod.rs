@@ -179,6 +179,7 @@ impl ServeConfig {
     /// The checks that span settings, made once they are parsed (each value's own are
     /// made by its parser): in one line naming what to change.
     pub fn check(&self) -> Result<(), String> {
+        self.jwt.check()?;
         self.webhooks.check()
     }
 }
@@ -231,7 +232,32 @@ pub struct JwtConfig {
     pub jwt_required_scope: Option<String>,
 }
 
+/// The shortest HS256 secret accepted (RFC 7518: at least the hash's size).
+const MIN_JWT_SECRET_BYTES: usize = 32;
+
 impl JwtConfig {
+    fn check(&self) -> Result<(), String> {
+        let set = self.without_empty_values();
+        if [
+            set.jwt_secret.is_some(),
+            set.jwt_public_key.is_some(),
+            set.jwks_url.is_some(),
+        ]
+        .into_iter()
+        .filter(|&source| source)
+        .count()
+            > 1
+        {
+            return Err("set one of PLANTSTORE_JWT_SECRET, PLANTSTORE_JWT_PUBLIC_KEY and PLANTSTORE_JWKS_URL, not several".into());
+        }
+        match set.jwt_secret {
+            Some(secret) if secret.expose().len() < MIN_JWT_SECRET_BYTES => Err(format!(
+                "PLANTSTORE_JWT_SECRET must be at least {MIN_JWT_SECRET_BYTES} bytes"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The settings with every empty value taken as unset.
     pub fn without_empty_values(&self) -> Self {
         let text = |value: &Option<String>| value.clone().filter(|v| !v.trim().is_empty());
