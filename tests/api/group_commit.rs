@@ -18,8 +18,8 @@ on_both_backends!(
     a_mixed_burst_is_answered_truthfully,
 );
 
-/// One batch lane, and waits long enough that a held commit is never given up on.
-async fn spawn_single_lane_app(db: TestDb) -> TestApp {
+/// One commit worker, and waits long enough that a held commit is never given up on.
+async fn spawn_single_worker_app(db: TestDb) -> TestApp {
     spawn_app_on(db, |config| {
         config.db_max_connections = 2;
         config.db_acquire_timeout = Duration::from_secs(10);
@@ -28,7 +28,7 @@ async fn spawn_single_lane_app(db: TestDb) -> TestApp {
 }
 
 /// Sends `ids` while another session holds the writer, so that (after one blocker
-/// request occupies the lane) they all queue and commit together once it lets go.
+/// request occupies the worker) they all queue and commit together once it lets go.
 /// Returns (status, request id) per id, in order.
 async fn delete_as_one_batch(
     app: &TestApp,
@@ -56,7 +56,7 @@ async fn delete_as_one_batch(
 }
 
 async fn requests_queued_behind_a_commit_share_the_next_one(backend: Backend) {
-    let app = spawn_single_lane_app(TestDb::new(backend).await).await;
+    let app = spawn_single_worker_app(TestDb::new(backend).await).await;
     let ids: Vec<i64> = (1..=10).collect();
     app.add_plants(&[100]).await;
     app.add_plants(&ids).await;
@@ -81,7 +81,7 @@ async fn requests_queued_behind_a_commit_share_the_next_one(backend: Backend) {
 }
 
 async fn the_same_id_twice_in_one_batch_gives_one_204_and_one_404(backend: Backend) {
-    let app = spawn_single_lane_app(TestDb::new(backend).await).await;
+    let app = spawn_single_worker_app(TestDb::new(backend).await).await;
     app.add_plants(&[100, 5, 6]).await;
 
     let answers = delete_as_one_batch(&app, 100, &[5, 5, 6]).await;
@@ -116,7 +116,7 @@ async fn a_referenced_row_fails_alone_and_its_batch_neighbours_are_deleted(backe
          INSERT INTO wishes VALUES (20, 3);",
     )
     .await;
-    let app = spawn_single_lane_app(db).await;
+    let app = spawn_single_worker_app(db).await;
 
     let answers = delete_as_one_batch(&app, 100, &[1, 2, 3, 4]).await;
 
@@ -199,11 +199,11 @@ async fn a_mixed_burst_is_answered_truthfully(backend: Backend) {
 }
 
 /// PostgreSQL: a row another session holds (`FOR UPDATE`) waits alone; the rest of the
-/// traffic is answered meanwhile, through the same single batch lane, and the held
+/// traffic is answered meanwhile, through the same single commit worker, and the held
 /// delete completes once the row is free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_a_held_row_does_not_stall_its_neighbours() {
-    let app = spawn_single_lane_app(TestDb::new(Backend::Postgres).await).await;
+    let app = spawn_single_worker_app(TestDb::new(Backend::Postgres).await).await;
     let neighbours: Vec<i64> = (2..=21).collect();
     app.add_plants(&[1]).await;
     app.add_plants(&neighbours).await;

@@ -178,7 +178,7 @@ async fn a_group_commit_holding_several_keyed_requests_answers_each(backend: Bac
     app.add_plants(&[1, 2, 3, 4, 5, 6, 7, 100]).await;
     assert!(!assert_204(&app.delete_keyed(4, "used").await));
 
-    // A blocker occupies the lane while the writes are held; the rest queue behind it and
+    // A blocker occupies the commit worker while the writes are held; the rest queue behind it and
     // go out in one commit. Requests reach the queue in no set order, so pairs whose
     // answers depend on it are checked as pairs.
     let hold = app.db.hold_writes().await;
