@@ -8,15 +8,12 @@ the pairs' ratios, and every pair is printed."""
 from __future__ import annotations
 
 import statistics
-import time
 
-from . import cpu
 from .checks import describe_hits_check, verify_hits
-from .common import BACKEND_NAME, EXPECT, LUA_MODE, NOAUTH_FIRST, fmt, fmt_rate, free_port, log
+from .common import BACKEND_NAME, NOAUTH_FIRST, fmt, fmt_rate, log
 from .databases import count_range
-from .load import fmt_unexpected, run_wrk, unexpected
-from .procs import PROCS
-from .service import Service, trim_log, vm_hwm_mib, wait_ready
+from .load import fmt_unexpected, service_under_wrk
+from .service import Service
 from .webhooks import PAIRS
 
 CONNS = 64
@@ -46,25 +43,15 @@ def one_run(b, svc: Service, backend: str, url: str, db, workload: str, pair: in
         before = count_range(db, lo, hi)
     else:
         lo, hi = NOAUTH_FIRST, 0
-    port = free_port()
-    tag = f"{backend}-{workload}-{build}-{pair + 1}"
-    slog = b.work / f"service-guard-{tag}.log"
-    proc = svc.start(url, port, slog)
-    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
-    cpu_before = cpu.snapshot(proc.pid)
-    d = run_wrk(port, LUA_MODE[workload], CONNS, lo, hi, b.s.seconds, b.tokens[backend],
-                b.work / f"wrk-guard-{tag}.out")
-    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
-    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
-    d["exit_code"] = PROCS.stop(proc)
-    d["unexpected"] = unexpected(d, EXPECT[workload])
-    d["log_lines"] = trim_log(slog) if not b.s.keep else None
+    tag = f"guard-{backend}-{workload}-{build}-{pair + 1}"
+    d = service_under_wrk(svc, url, b.work, workload, CONNS, lo, hi, b.s.seconds,
+                          b.tokens[backend], tag, b.s.keep)
     log(f"{backend:<8} {workload:<5} {build:<6} {pair + 1} of {PAIRS} c={CONNS} "
         f"{fmt_rate(d['rps']):>9} req/s  p99 {fmt(d['p99_ms'], 3)} ms  "
         f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  unexpected: {fmt_unexpected(d['unexpected'])}")
     if workload == "hits":
         d["check"] = v = verify_hits(db, lo, hi, before, d)
-        b.note_check(f"guard {tag}", v, describe_hits_check)
+        b.note_check(tag, v, describe_hits_check)
     return d
 
 

@@ -10,9 +10,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import BENCH, CONNS, EXPECT, NOAUTH_FIRST, fmt, fmt_rate, free_port, log
+from . import cpu
+from .common import (BENCH, CONNS, EXPECT, LUA_MODE, NOAUTH_FIRST, fmt, fmt_rate, free_port,
+                     log)
 from .procs import PROCS, run
-from .service import wait_ready
+from .service import Service, trim_log, vm_hwm_mib, wait_ready
 
 LUA = BENCH / "wrk.lua"
 
@@ -34,6 +36,26 @@ def run_wrk(port: int, mode: str, conns: int, first: int, end: int, seconds: int
     data["generated"] = sum(t["generated"] for t in data["threads"])
     data["exhausted"] = sum(t["exhausted"] for t in data["threads"])
     return data
+
+
+def service_under_wrk(svc: Service, url: str, work: Path, workload: str, conns: int, lo: int,
+                      hi: int, seconds: int, token: str, tag: str, keep: bool) -> dict:
+    """A fresh service process (so its peak RSS is this run's) under wrk: what wrk measured,
+    the service's CPU shares, its peak RSS, how it exited and the answers not expected.
+    Its log is `service-TAG.log` in `work` (trimmed unless `keep`), wrk's `wrk-TAG.out`."""
+    port = free_port()
+    slog = work / f"service-{tag}.log"
+    proc = svc.start(url, port, slog)
+    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
+    cpu_before = cpu.snapshot(proc.pid)
+    d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, seconds, token, work / f"wrk-{tag}.out")
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
+    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
+    d["exit_code"] = PROCS.stop(proc)
+    d["unexpected"] = unexpected(d, EXPECT[workload])
+    d["log_lines"] = trim_log(slog) if not keep else None
+    d["service_log"] = slog.name
+    return d
 
 
 def unexpected(data: dict, expect: str) -> dict:

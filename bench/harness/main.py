@@ -13,19 +13,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import cpu
 from .chart import chart_svg
 from .checks import describe_blocks_check, describe_hits_check, verify_hits
-from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, EXPECT, LUA_MODE, MISS_FIRST,
-                     NOAUTH_FIRST, READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt,
-                     fmt_rate, free_port, log, on_signal)
+from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, MISS_FIRST, NOAUTH_FIRST,
+                     READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt, fmt_rate,
+                     free_port, log, on_signal)
 from .databases import Postgres, Sqlite, count_range, run_pgbench, run_sqlite_raw
 from .guard import guard_runs, guard_table, guard_targets
-from .load import fmt_unexpected, nginx_anchor, run_wrk, unexpected
+from .load import fmt_unexpected, nginx_anchor, service_under_wrk
 from .machine import machine_info, measure_fsync
 from .procs import PROCS
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
-from .service import Service, trim_log, vm_hwm_mib, wait_ready
+from .service import Service, wait_ready
 from .webhooks import (PAIRS, RECEIVERS, pick_median_pair, webhook_run, webhook_table,
                        webhook_targets, webhook_targets_table)
 
@@ -231,20 +230,10 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
         lo, hi = MISS_FIRST, 0
     else:
         lo, hi = NOAUTH_FIRST, 0
-    port = free_port()
     tag = "" if beside is None else f"-before-webhook-{beside + 1}"
-    slog = b.work / f"service-{backend}-{workload}-{conns}{tag}.log"
-    proc = b.svc.start(url, port, slog)
-    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
-    cpu_before = cpu.snapshot(proc.pid)
-    d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, b.s.seconds, b.tokens[backend],
-                b.work / f"wrk-{backend}-{workload}-{conns}{tag}.out")
-    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
-    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
-    code = PROCS.stop(proc)
-    d["exit_code"] = code
-    d["unexpected"] = unexpected(d, EXPECT[workload])
-    d["log_lines"] = trim_log(slog) if not b.s.keep else None
+    d = service_under_wrk(b.svc, url, b.work, workload, conns, lo, hi, b.s.seconds,
+                          b.tokens[backend], f"{backend}-{workload}-{conns}{tag}", b.s.keep)
+    code = d["exit_code"]
     if beside is not None:
         b.R.setdefault("beside", {})[backend] = d
     else:
@@ -256,7 +245,7 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
             f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  "
             f"unexpected: {fmt_unexpected(d['unexpected'])}")
     if code not in (0, None):
-        line += f"  (exited {code} after SIGTERM; see {slog.name})"
+        line += f"  (exited {code} after SIGTERM; see {d['service_log']})"
     log(line)
     if workload == "hits":
         d["check"] = v = verify_hits(db, lo, hi, before, d)
