@@ -6,9 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
-use plantstore_store::{
-    DeliveryReport, EndpointState, Event, Lease, Signing, Store, StreamPosition,
-};
+use plantstore_store::{DeliveryReport, EndpointState, Event, Lease, Store, StreamPosition};
 use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior, sleep_until},
@@ -123,8 +121,9 @@ pub(super) struct DeliveryLoop {
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
     pub(super) config: WebhookConfig,
-    /// The endpoint's secrets as the lease now has them (a rotation changes them).
-    pub(super) signing: watch::Receiver<Signing>,
+    /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
+    /// them).
+    pub(super) signer: watch::Receiver<Arc<Signer>>,
     pub(super) metrics: Arc<Metrics>,
     /// The store's news of commits (`Store::commits`).
     pub(super) commits: watch::Receiver<u64>,
@@ -152,7 +151,6 @@ impl DeliveryLoop {
         // until news of a commit, or the poll, says there may be new events.
         let mut more = true;
         let mut last_read = Instant::now();
-        let mut news_gone = false;
         loop {
             if more && ahead.room() >= WINDOW / 4 {
                 // Seen before reading: a commit after this is news again.
@@ -167,7 +165,7 @@ impl DeliveryLoop {
                 in_flight.push(
                     attempt(
                         Arc::clone(&client),
-                        self.signing.clone(),
+                        self.signer.clone(),
                         to_send,
                         self.stopping.clone(),
                     )
@@ -182,9 +180,8 @@ impl DeliveryLoop {
             }
             let outcome = tokio::select! {
                 Some(outcome) = in_flight.next() => outcome,
-                news = self.commits.changed(), if !more && !news_gone => {
-                    // The store is gone: only the poll reads from now on.
-                    news_gone = news.is_err();
+                // Never an error: this loop holds the store, which holds the news' sender.
+                _ = self.commits.changed(), if !more => {
                     sleep_until(last_read + READ_GAP).await;
                     more = true;
                     continue;
@@ -336,7 +333,7 @@ impl DeliveryLoop {
 /// is sent, so a retry after a rotation carries the new one.
 async fn attempt(
     client: Arc<Result<EndpointClient, String>>,
-    signing: watch::Receiver<Signing>,
+    signer: watch::Receiver<Arc<Signer>>,
     to_send: EventToSend,
     stopping: watch::Receiver<bool>,
 ) -> Option<AttemptOutcome> {
@@ -346,7 +343,7 @@ async fn attempt(
             return None;
         }
     }
-    let signer = Signer::new(&signing.borrow());
+    let signer = Arc::clone(&signer.borrow());
     let attempt = match client.as_ref() {
         Ok(client) => client.post(&signer, &to_send.event).await,
         Err(error) => Attempt::failed(error.clone()),

@@ -17,6 +17,7 @@ use plantstore_store::{Lease, Signing, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
 use delivery_loop::{DeliveryEnd, DeliveryLoop};
+use signature::Signer;
 
 use crate::{config::WebhookConfig, telemetry::Metrics};
 
@@ -121,14 +122,14 @@ impl Deliveries {
                     continue;
                 }
                 tracing::info!(endpoint = lease.endpoint_id, "delivering deletion events");
-                let (signing, signing_seen) = watch::channel(lease.signing.clone());
+                let (signer, signer_seen) = watch::channel(Arc::new(Signer::new(&lease.signing)));
                 let started = lease.clone();
                 let delivery = DeliveryLoop {
                     store: Arc::clone(&self.store),
                     lease,
                     owner: Arc::clone(&self.owner),
                     config: self.config.clone(),
-                    signing: signing_seen,
+                    signer: signer_seen,
                     metrics: Arc::clone(&self.metrics),
                     commits: self.store.commits(),
                     stopping: stopping.clone(),
@@ -138,7 +139,7 @@ impl Deliveries {
                     Running {
                         task: tokio::spawn(delivery.run()),
                         started,
-                        signing,
+                        signer,
                     },
                 );
             }
@@ -167,12 +168,13 @@ impl Deliveries {
     }
 }
 
-/// One endpoint's delivery task, the lease it started with, and its secrets as they are
-/// now; dropping it stops the task, and cancels its requests.
+/// One endpoint's delivery task, the lease it started with (its secrets kept as they are
+/// now), and the signer made from them; dropping it stops the task, and cancels its
+/// requests.
 struct Running {
     task: JoinHandle<DeliveryEnd>,
     started: Lease,
-    signing: watch::Sender<Signing>,
+    signer: watch::Sender<Arc<Signer>>,
 }
 
 impl Running {
@@ -187,10 +189,12 @@ impl Running {
     }
 
     /// Hands a new secret to the running task, rather than starting it over, which would
-    /// repeat what it sent since it last saved.
-    fn follow_secret(&self, signing: &Signing) {
-        if *self.signing.borrow() != *signing {
-            self.signing.send_replace(signing.clone());
+    /// repeat what it sent since it last saved. The signer is made once per secret, not
+    /// once per event.
+    fn follow_secret(&mut self, signing: &Signing) {
+        if self.started.signing != *signing {
+            self.started.signing = signing.clone();
+            self.signer.send_replace(Arc::new(Signer::new(signing)));
         }
     }
 }

@@ -32,7 +32,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 /// How many group commits one instance keeps in flight, each on its own connection. Two
 /// let one batch execute while the other waits for its WAL flush; more workers made
 /// smaller batches and cost more CPU per delete in the benchmark (bench/RESULTS.md).
-pub fn commit_workers(max_connections: u32) -> usize {
+fn commit_workers(max_connections: u32) -> usize {
     (max_connections / 4).clamp(1, 2) as usize
 }
 
