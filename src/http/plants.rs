@@ -6,7 +6,7 @@ use std::sync::Arc;
 use plantstore_store::{Deleted, Deletion, StoreError};
 use poem::{Request, web::Data};
 use poem_openapi::{
-    ApiResponse, OpenApi,
+    ApiResponse, OpenApi, Tags,
     param::{Header, Path},
 };
 
@@ -17,6 +17,14 @@ use super::{
 use crate::state::AppState;
 
 pub(super) struct PlantsApi;
+
+/// The document's one tag, which Swagger UI and generated clients group the operation by.
+#[derive(Tags)]
+enum PlantsTag {
+    /// The plants in the store
+    #[oai(rename = "plants")]
+    Plants,
+}
 
 #[derive(Debug, ApiResponse)]
 pub enum PlantDeleted {
@@ -37,7 +45,12 @@ impl PlantsApi {
     /// Deletes a single plant based on the ID supplied
     // The bearer parameter comes first: an anonymous request must get 401 before its id
     // is even parsed.
-    #[oai(path = "/plants/:id", method = "delete", operation_id = "deletePlant")]
+    #[oai(
+        path = "/plants/:id",
+        method = "delete",
+        operation_id = "deletePlant",
+        tag = "PlantsTag::Plants"
+    )]
     #[tracing::instrument(name = "delete_plant", level = "debug", skip_all, fields(id = id.0, token = %auth.0.token_name, idempotency_key = idempotency_key.0.as_deref()))]
     async fn delete_plant(
         &self,

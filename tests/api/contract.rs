@@ -28,6 +28,26 @@ async fn the_served_document_means_what_the_contract_says() {
         contract["info"]["license"]["name"]
     );
     assert_eq!(keys(&served["paths"]), keys(&contract["paths"]));
+    // First the server Swagger UI's Try it out calls: relative, so the address the page
+    // was loaded from. Then each of the contract's, its variables' defaults kept.
+    let servers = served["servers"].as_array().expect("servers");
+    assert_eq!(servers[0]["url"], "/");
+    for expected in contract["servers"]
+        .as_array()
+        .expect("the contract's servers")
+    {
+        let same = |server: &&Value| {
+            server["url"] == expected["url"]
+                && keys(&server["variables"]) == keys(&expected["variables"])
+                && keys(&expected["variables"]).iter().all(|name| {
+                    server["variables"][name]["default"] == expected["variables"][name]["default"]
+                })
+        };
+        assert!(
+            servers.iter().any(|s| same(&s)),
+            "{expected} in {servers:?}"
+        );
+    }
     // Every field of the contract's scheme; the served one may add a description.
     let served_scheme = &served["components"]["securitySchemes"]["bearerAuth"];
     for (field, expected) in [("type", "http"), ("scheme", "bearer")] {

@@ -29,7 +29,7 @@ function check(condition, what) {
 try {
   const page = browser.pages()[0] ?? (await browser.newPage());
   await page.goto(`${BASE}/docs`);
-  const operation = page.locator('#operations-default-deletePlant');
+  const operation = page.locator('#operations-plants-deletePlant');
   await operation.waitFor();
 
   const authorize = async (token) => {

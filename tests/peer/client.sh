@@ -30,7 +30,7 @@ PYTHONPATH="$work/generated" BASE="$base" \
   TOKEN="$token" DB="$db" "$venv/bin/python" - <<'PY'
 import os, sqlite3
 from plant_store_client import AuthenticatedClient, Client
-from plant_store_client.api.default import delete_plant
+from plant_store_client.api.plants import delete_plant
 from plant_store_client.models import Error
 
 base, token = os.environ["BASE"], os.environ["TOKEN"]
