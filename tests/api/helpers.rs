@@ -13,10 +13,7 @@ use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool, SqlitePool};
 use tokio::task::JoinHandle;
 
-/// Where the PostgreSQL tests create their databases; CI sets it, and without it they use
-/// the local server. They never skip: an unreachable server fails them.
-const POSTGRES_URL_VAR: &str = "PLANTSTORE_TEST_POSTGRES_URL";
-const DEFAULT_POSTGRES_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+use crate::pg_server;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -63,17 +60,15 @@ impl TestDb {
     pub async fn new(backend: Backend) -> Self {
         match backend {
             Backend::Sqlite => Self::sqlite_in(tempfile::tempdir().expect("temp dir")).await,
-            Backend::Postgres => Self::postgres_on(postgres_admin_url()).await,
+            Backend::Postgres => Self::postgres_on(pg_server::admin_url().await).await,
         }
     }
 
     /// A fresh database on the PostgreSQL server behind `admin`.
     pub async fn postgres_on(admin: String) -> Self {
-        let mut conn = PgConnection::connect(&admin).await.unwrap_or_else(|err| {
-            panic!(
-                "the PostgreSQL tests need a server: set {POSTGRES_URL_VAR} (tried {admin}): {err}"
-            )
-        });
+        let mut conn = PgConnection::connect(&admin)
+            .await
+            .unwrap_or_else(|err| panic!("the PostgreSQL tests' server at {admin}: {err}"));
         let name = format!("plantstore_test_{}", uuid::Uuid::new_v4().simple());
         conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
@@ -227,10 +222,6 @@ impl Drop for TestDb {
             eprintln!("could not drop a test database; `.ci/run` drops leftovers");
         }
     }
-}
-
-pub fn postgres_admin_url() -> String {
-    std::env::var(POSTGRES_URL_VAR).unwrap_or_else(|_| DEFAULT_POSTGRES_URL.to_owned())
 }
 
 /// The admin URL with its database swapped for `name`, keeping any query string.

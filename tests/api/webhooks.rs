@@ -16,8 +16,8 @@ use tokio::sync::watch;
 use crate::{
     fixtures::receiver::{Receiver, Reply},
     helpers::{
-        Backend, TestApp, TestDb, plantstore_on, postgres_admin_url, refused, serve_another,
-        spawn_app_on, spawn_app_until, succeeded, test_config,
+        Backend, TestApp, TestDb, plantstore_on, refused, serve_another, spawn_app_on,
+        spawn_app_until, succeeded, test_config,
     },
     metrics::scrape,
     on_both_backends,
@@ -112,7 +112,7 @@ async fn postgres_a_long_transaction_elsewhere_holds_no_event_back() {
     let app = spawn(Backend::Postgres).await;
     add_endpoint(&app, &receiver, &[]);
     app.db.execute("CREATE TABLE owner_jobs (id BIGINT)").await;
-    let mut elsewhere = sqlx::PgConnection::connect(&postgres_admin_url())
+    let mut elsewhere = sqlx::PgConnection::connect(&crate::pg_server::admin_url().await)
         .await
         .expect("a connection to another database");
     let mut owners = sqlx::PgConnection::connect(&app.db.url)
