@@ -8,6 +8,7 @@ the pairs' ratios, and every pair is printed."""
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 from .checks import describe_hits_check, verify_hits
 from .common import BACKEND_NAME, NOAUTH_FIRST, fmt, fmt_rate, log
@@ -72,6 +73,44 @@ def guard_targets(R: dict) -> list[dict]:
         peak = max(d["peak_rss_mib"] or 0 for builds in runs.values() for d in builds["after"])
         out.append(target(f"{name}: peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB", peak,
                           lambda p: p <= RSS_LIMIT_MIB))
+    return out
+
+
+# `--profiles`: the lighter release profile is taken if hits stay within 5 % and peak RSS
+# within the limit.
+PROFILE_WITHIN = 0.05
+
+
+def profile_builds(tsv: Path) -> list[dict]:
+    """Each build of `bench/run --profiles`: its LTO, which build it was, seconds, bytes."""
+    rows = [line.split("\t") for line in tsv.read_text().splitlines() if line]
+    return [{"lto": lto, "build": int(n), "seconds": int(secs), "bytes": int(size)}
+            for lto, n, secs, size in rows]
+
+
+def builds_table(builds: list[dict]) -> str:
+    rows = ["| profile | build | seconds, from nothing | binary, bytes |", "|---|---|---|---|"]
+    rows += [f"| lto={d['lto']} | {d['build']} | {d['seconds']} | {d['bytes']:,} |"
+             for d in builds]
+    return "\n".join(rows)
+
+
+def profile_targets(R: dict) -> list[dict]:
+    """Hits after (thin) beside before (fat) within 5 % on the median pair, and each
+    build's peak RSS, per backend."""
+    out = []
+    for backend, runs in R.get("guard", {}).items():
+        name = BACKEND_NAME[backend]
+        hits = runs["hits"]
+        ratios = [a["rps"] / b["rps"] for b, a in zip(hits["before"], hits["after"]) if b["rps"]]
+        ratio = statistics.median(ratios) if ratios else None
+        out.append(target(f"{name} hits c={CONNS}: thin / fat within {PROFILE_WITHIN:.0%} "
+                          f"(pairs {', '.join(fmt(r) for r in ratios)})",
+                          ratio, lambda r: abs(r - 1) <= PROFILE_WITHIN))
+        for build, label in (("before", "fat"), ("after", "thin")):
+            peak = max(d["peak_rss_mib"] or 0 for w in runs.values() for d in w[build])
+            out.append(target(f"{name}: {label}'s peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB",
+                              peak, lambda p: p <= RSS_LIMIT_MIB))
     return out
 
 

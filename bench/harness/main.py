@@ -19,7 +19,8 @@ from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, MISS_FIRST, NOAUTH_FI
                      READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt, fmt_rate,
                      free_port, log, on_signal)
 from .databases import Postgres, Sqlite, count_range, run_pgbench, run_sqlite_raw
-from .guard import guard_runs, guard_table, guard_targets
+from .guard import (builds_table, guard_runs, guard_table, guard_targets, profile_builds,
+                    profile_targets)
 from .load import fmt_unexpected, nginx_anchor, service_under_wrk
 from .machine import machine_info, measure_fsync
 from .procs import PROCS
@@ -49,6 +50,8 @@ class Settings:
     keep: bool
     # `bench/run --guard REV`: the service built from REV, measured beside this checkout's.
     baseline: Path | None
+    # `bench/run --profiles`: where the two profiles' builds and builds.tsv are.
+    profiles: Path | None
 
 
 def settings() -> Settings:
@@ -65,8 +68,11 @@ def settings() -> Settings:
         keep=os.environ.get("BENCH_KEEP") == "1",
         baseline=(Path(os.environ["BENCH_BASELINE_BIN"])
                   if os.environ.get("BENCH_BASELINE_BIN") else None),
+        profiles=(Path(os.environ["BENCH_PROFILES"])
+                  if os.environ.get("BENCH_PROFILES") else None),
     )
-    for b in (s.plantstore, s.sqlite_raw_bin, *([s.baseline] if s.baseline else [])):
+    raw = [] if s.profiles else [s.sqlite_raw_bin]
+    for b in (s.plantstore, *raw, *([s.baseline] if s.baseline else [])):
         if not os.access(b, os.X_OK):
             sys.exit(f"bench: {b} is missing; build it (bench/run without --no-build)")
     for tool in ("wrk", "psql"):
@@ -346,25 +352,43 @@ def write_report(b: Bench) -> int:
     return 0
 
 
-def measure_guard(b: Bench) -> int:
-    """`--guard REV`: REV's build and this checkout's alternated on both backends, then this
-    checkout's deletion events; the guard's targets, and nothing else, are reported."""
+def measure_beside(b: Bench) -> int:
+    """`--guard REV`: REV's build (before) and this checkout's (after) alternated on both
+    backends, then this checkout's deletion events. `--profiles`: the release profile's
+    build (before) and the lighter one's (after) alternated the same way, beside each
+    build's time and size. Only their targets are reported."""
     machine_and_disk(b)
     prepare_databases(b)
     baseline = Service(b.s.baseline, b.work)
     for backend, url, db in (("sqlite", b.sq.url, b.sq), ("postgres", b.pg.url, b.pg)):
-        log(f"\n== {BACKEND_NAME[backend]}: before ({b.s.baseline}) and after, alternated")
+        log(f"\n== {BACKEND_NAME[backend]}: before ({b.s.baseline}) and after "
+            f"({b.s.plantstore}), alternated")
         guard_runs(b, baseline, backend, url, db)
-        webhook_pairs(b, backend, url, db)
+        if not b.s.profiles:
+            webhook_pairs(b, backend, url, db)
+    R = b.R
+    if b.s.profiles:
+        R["builds"] = builds = profile_builds(b.s.profiles / "builds.tsv")
+        R["profile_targets"] = ts = profile_targets(R)
+        return write_tables(b, "--profiles: lto=fat, codegen-units=1 (before) beside "
+                            "lto=thin, codegen-units=16 (after)",
+                            (builds_table(builds), guard_table(R), targets_table(ts)))
+    R["guard_targets"] = ts = guard_targets(R) + webhook_targets(R)
+    return write_tables(b, f"--guard: {b.s.baseline} (before) beside this checkout (after)",
+                        (guard_table(R), webhook_table(R), webhook_targets_table(ts)))
+
+
+def write_tables(b: Bench, title: str, tables: tuple[str, ...]) -> int:
+    """The report of a `--guard` or `--profiles` run: its tables, logged and written to
+    results.md, everything measured to results.json; 1 when a check failed."""
     R = b.R
     R["elapsed_s"] = time.time() - b.started_at
-    R["guard_targets"] = ts = guard_targets(R) + webhook_targets(R)
     R["failures"] = b.failures
-    tables = "\n\n".join((guard_table(R), webhook_table(R), webhook_targets_table(ts)))
-    log("\n" + tables + "\n")
+    text = "\n\n".join(tables)
+    log("\n" + text + "\n")
     (b.s.out_dir / "results.md").write_text(
-        f"# bench/run --guard: {b.s.baseline} (before) beside this checkout (after)\n\n"
-        f"{R['machine']['date']}, commit {R['machine']['commit']}\n\n{tables}\n")
+        f"# bench/run {title}\n\n{R['machine']['date']}, commit {R['machine']['commit']}\n\n"
+        f"{text}\n")
     (b.s.out_dir / "results.json").write_text(json.dumps(R, indent=2, default=str) + "\n")
     log(f"wrote {b.s.out_dir}/results.md and results.json ({R['elapsed_s'] / 60:.1f} min)")
     if b.failures:
@@ -376,7 +400,7 @@ def measure_guard(b: Bench) -> int:
 
 def measure(b: Bench) -> int:
     if b.s.baseline:
-        return measure_guard(b)
+        return measure_beside(b)
     machine_and_disk(b)
     prepare_databases(b)
     log("\n== nginx (HTTP ceiling)")
