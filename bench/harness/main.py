@@ -372,7 +372,7 @@ def measure_beside(b: Bench) -> int:
         R["profile_targets"] = ts = profile_targets(R)
         return write_tables(b, "--profiles: lto=fat, codegen-units=1 (before) beside "
                             "lto=thin, codegen-units=16 (after)",
-                            (builds_table(builds), guard_table(R), targets_table(ts)))
+                            (builds_table(builds), guard_table(R), webhook_targets_table(ts)))
     R["guard_targets"] = ts = guard_targets(R) + webhook_targets(R)
     return write_tables(b, f"--guard: {b.s.baseline} (before) beside this checkout (after)",
                         (guard_table(R), webhook_table(R), webhook_targets_table(ts)))
