@@ -5,7 +5,6 @@ mod bearer;
 mod connections;
 mod cors;
 mod document;
-mod drain;
 mod error;
 pub mod idempotency_key;
 mod middleware;
@@ -31,9 +30,7 @@ use crate::{
 };
 use connections::CappedAcceptor;
 use cors::CrossOrigin;
-use drain::CloseWhileDraining;
 use error::ApiError;
-use middleware::{Deadline, ErrorShape, RequestContext};
 
 /// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
 /// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
@@ -43,7 +40,6 @@ pub fn build(
     documents: &Documents,
     config: &ServeConfig,
 ) -> impl Endpoint<Output = Response> + use<> {
-    let deadline = state.request_timeout;
     let mut routes = documents.routes();
     if config.admin_listen.0.is_none() {
         routes = with_ops(routes);
@@ -51,27 +47,12 @@ pub fn build(
     let routes = routes
         .nest("/", document::service())
         .around(document::root_to_docs);
-    let metrics = Arc::clone(&state.metrics);
-    let draining = state.draining.clone();
-    with_middleware(
-        routes.data(state).with(Deadline(deadline)),
-        metrics,
-        config.cors_allowed_origins.clone(),
-    )
-    .with(CloseWhileDraining(draining))
+    layered(routes, state, config.cors_allowed_origins.clone())
 }
 
 /// The app of `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints alone, in the same layers.
 pub fn build_admin(state: AppState) -> impl Endpoint<Output = Response> {
-    let deadline = state.request_timeout;
-    let metrics = Arc::clone(&state.metrics);
-    let draining = state.draining.clone();
-    with_middleware(
-        with_ops(Route::new()).data(state).with(Deadline(deadline)),
-        metrics,
-        CorsOrigins::Off,
-    )
-    .with(CloseWhileDraining(draining))
+    layered(with_ops(Route::new()), state, CorsOrigins::Off)
 }
 
 fn with_ops(routes: Route) -> Route {
@@ -79,6 +60,23 @@ fn with_ops(routes: Route) -> Route {
         .at("/healthz", get(ops::healthz))
         .at("/readyz", get(ops::readyz))
         .at("/metrics", get(ops::metrics))
+}
+
+/// `routes` with the state, the request's deadline, every layer of `with_middleware`, and
+/// outermost the closing of connections while draining.
+fn layered(
+    routes: impl Endpoint + 'static,
+    state: AppState,
+    cors: CorsOrigins,
+) -> impl Endpoint<Output = Response> {
+    let limit = state.request_timeout;
+    let metrics = Arc::clone(&state.metrics);
+    let draining = state.draining.clone();
+    let routes = routes
+        .data(state)
+        .around(move |inner, req| middleware::deadline(inner, req, limit));
+    with_middleware(routes, metrics, cors)
+        .around(move |inner, req| middleware::close_while_draining(inner, req, draining.clone()))
 }
 
 /// The layers every response passes: panics become a 500 `Error`, every other error its
@@ -89,14 +87,15 @@ pub fn with_middleware(
     metrics: Arc<Metrics>,
     cors: CorsOrigins,
 ) -> impl Endpoint<Output = Response> {
+    let counted = Arc::clone(&metrics);
     endpoint
         .with(CatchPanic::new().with_handler(|_| {
             tracing::error!("handler panicked");
             ApiError::Internal.as_response()
         }))
-        .with(ErrorShape(Arc::clone(&metrics)))
+        .around(move |inner, req| middleware::error_shape(inner, req, Arc::clone(&counted)))
         .with(CrossOrigin(cors))
-        .with(RequestContext(metrics))
+        .around(move |inner, req| middleware::request_context(inner, req, Arc::clone(&metrics)))
 }
 
 /// Serves the public app on `acceptor`, each client connection held to its limits, until
