@@ -86,29 +86,6 @@ impl PostgresStore {
     }
 }
 
-/// Ready means able to delete: a server that takes no writes is not.
-/// A connection that fails it, or finds the server read-only, is closed rather than reused.
-async fn ping(db: &Database) -> Result<(), StoreError> {
-    let mut conn = db.conn().await?;
-    let read_only = sqlx::query_scalar!(
-        r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|err| db.error(err));
-    match read_only.map(|rows| rows.first().copied().unwrap_or(true)) {
-        Ok(false) => Ok(()),
-        Ok(true) => {
-            conn.close_on_drop();
-            Err(db.noticed(StoreError::ReadOnly))
-        }
-        Err(err) => {
-            conn.close_on_drop();
-            Err(err)
-        }
-    }
-}
-
 #[async_trait]
 impl Store for PostgresStore {
     #[tracing::instrument(skip(self))]
@@ -120,9 +97,25 @@ impl Store for PostgresStore {
         schema::check(&self.db).await
     }
 
+    /// Ready means able to delete: a server that takes no writes is not. A connection
+    /// that fails it, or finds the server read-only, is closed rather than reused.
     #[tracing::instrument(skip(self))]
     async fn ping(&self) -> Result<(), StoreError> {
-        ping(&self.db).await
+        let db = &self.db;
+        let mut conn = db.conn().await?;
+        let read_only = sqlx::query_scalar!(
+            r#"SELECT current_setting('transaction_read_only') = 'on' AS "read_only!""#
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|err| db.error(err));
+        let refused = match read_only.map(|rows| rows.first().copied().unwrap_or(true)) {
+            Ok(false) => return Ok(()),
+            Ok(true) => db.noticed(StoreError::ReadOnly),
+            Err(err) => err,
+        };
+        conn.close_on_drop();
+        Err(refused)
     }
 
     #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id, request_id = deletion.request_id))]
@@ -163,7 +156,7 @@ impl Store for PostgresStore {
     }
 
     async fn close(&self) {
-        self.writer.release_all();
+        self.writer.kept.release_all();
         self.db.pool().close().await;
     }
 }

@@ -22,8 +22,9 @@ use crate::{
 /// Commits the batches: each is one autocommit statement, so one round trip.
 pub(crate) struct PgWriter {
     db: Database,
-    /// Connections the commit workers keep between batches (see `BatchConnections`).
-    kept: BatchConnections<WorkerConnection>,
+    /// Connections the commit workers keep between batches (see `BatchConnections`); all
+    /// handed back at shutdown, so that closing the pool does not wait for them.
+    pub(crate) kept: BatchConnections<WorkerConnection>,
     /// `PLANTSTORE_IDEMPOTENCY_TTL` in seconds, for `make_interval`.
     idempotency_ttl: f64,
     /// Deletions waiting alone for a locked row may take only the connections the commit
@@ -42,77 +43,6 @@ impl PgWriter {
             idempotency_ttl,
             alone: Semaphore::new(alone),
         }
-    }
-
-    /// A kept connection, else one from the pool by `deadline`.
-    async fn worker_connection(&self, deadline: Instant) -> Result<WorkerConnection, StoreError> {
-        match self.kept.take() {
-            Some(kept) => Ok(kept),
-            None => self.db.conn_by(deadline).await.map(LimitedConnection::new),
-        }
-    }
-
-    /// Hands every kept connection back, so that closing the pool does not wait for them.
-    pub(crate) fn release_all(&self) {
-        self.kept.release_all();
-    }
-
-    #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
-    async fn commit_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
-        let deadline = earliest(batch)?;
-        let mut kept = self.worker_connection(deadline).await?;
-        // Bounded here too, not only by the server's limits: a server that stopped
-        // answering (a host gone without a reset, a network cut) would hold the worker,
-        // and the request's answer, forever.
-        let committed = self
-            .db
-            .within(deadline, async {
-                limit_session(&self.db, &mut kept, deadline).await?;
-                batch::run(
-                    &self.db,
-                    &mut kept.conn,
-                    batch,
-                    self.idempotency_ttl,
-                    deadline,
-                )
-                .await
-            })
-            .await;
-        match committed {
-            Ok(outcomes) => {
-                self.kept.keep(kept);
-                Ok(outcomes)
-            }
-            Err(err) => {
-                // Closed, not handed back to the pool: it may be broken, on a server that
-                // turned read-only, or carry this batch's session limits.
-                kept.conn.close_on_drop();
-                Err(err)
-            }
-        }
-    }
-
-    #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id))]
-    async fn commit_alone(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
-        let deadline = deletion.deadline;
-        let _permit = wait_until(deadline, async {
-            self.alone.acquire().await.map_err(|_| StoreError::Stopped)
-        })
-        .await?;
-        // Waits for a locked row up to what the deadline leaves; a concurrent delete of the
-        // same row commits first and this one then finds nothing: one 204. With a key, the
-        // transaction first waits for any request holding the same key and looks for its
-        // entry.
-        let mut conn = self.db.conn_by(deadline).await?;
-        let committed = self
-            .db
-            .within(deadline, self.delete_limited(&mut conn, deadline, deletion))
-            .await;
-        if committed.is_err() {
-            // It may be broken or on a server that turned read-only: not reused.
-            conn.close_on_drop();
-        }
-        committed
     }
 
     /// The alone path's transaction on `conn`: every statement, and the commit, within the
@@ -152,20 +82,64 @@ impl PgWriter {
 
 #[async_trait]
 impl BatchWriter for PgWriter {
+    #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
-        let outcomes = self.commit_batch(batch).await?;
-        if outcomes.contains(&DeletionOutcome::Deleted) {
-            self.announcer.announce();
+        let deadline = earliest(batch)?;
+        let mut kept = match self.kept.take() {
+            Some(kept) => kept,
+            None => LimitedConnection::new(self.db.conn_by(deadline).await?),
+        };
+        // Bounded here too, not only by the server's limits: a server that stopped
+        // answering (a host gone without a reset, a network cut) would hold the worker,
+        // and the request's answer, forever.
+        let committed = self
+            .db
+            .within(deadline, async {
+                limit_session(&self.db, &mut kept, deadline).await?;
+                let conn = &mut kept.conn;
+                batch::run(&self.db, conn, batch, self.idempotency_ttl, deadline).await
+            })
+            .await;
+        match committed {
+            Ok(outcomes) => {
+                self.kept.keep(kept);
+                if outcomes.contains(&DeletionOutcome::Deleted) {
+                    self.announcer.announce();
+                }
+                Ok(outcomes)
+            }
+            Err(err) => {
+                // Closed, not handed back to the pool: it may be broken, on a server that
+                // turned read-only, or carry this batch's session limits.
+                kept.conn.close_on_drop();
+                Err(err)
+            }
         }
-        Ok(outcomes)
     }
 
+    #[tracing::instrument(level = "debug", skip_all, fields(id = deletion.plant_id))]
     async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
-        let outcome = self.commit_alone(deletion).await?;
-        if outcome == DeletionOutcome::Deleted {
-            self.announcer.announce();
+        let deadline = deletion.deadline;
+        let _permit = wait_until(deadline, async {
+            self.alone.acquire().await.map_err(|_| StoreError::Stopped)
+        })
+        .await?;
+        // Waits for a locked row up to what the deadline leaves; a concurrent delete of the
+        // same row commits first and this one then finds nothing: one 204. With a key, the
+        // transaction first waits for any request holding the same key and looks for its
+        // entry.
+        let mut conn = self.db.conn_by(deadline).await?;
+        let committed = self
+            .db
+            .within(deadline, self.delete_limited(&mut conn, deadline, deletion))
+            .await;
+        match committed {
+            Ok(DeletionOutcome::Deleted) => self.announcer.announce(),
+            Ok(_) => {}
+            // It may be broken or on a server that turned read-only: not reused.
+            Err(_) => conn.close_on_drop(),
         }
-        Ok(outcome)
+        committed
     }
 }
 

@@ -14,18 +14,17 @@ use plantstore_store::{
     backend::{BatchResult, BatchWriter, DeletionOutcome, earliest, only_outcome, remaining},
     before_now,
 };
-use sqlx::{Connection, SqliteConnection};
+use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
 
-use crate::{errors::classify, snapshot::PlantColumns, writer::WriteConnection};
+use crate::{errors::classify, snapshot, writer::WriteConnection};
 
 /// Commits the batches on the writer connection: one transaction, two statements (three
 /// when a request carries an idempotency key).
 pub(crate) struct SqliteWriter {
     connection: Arc<WriteConnection>,
     idempotency_ttl: Duration,
-    /// The columns of `plants`, read at the first delete: what the snapshot statement is
-    /// built from.
-    columns: tokio::sync::OnceCell<PlantColumns>,
+    /// The snapshot statement, built from the columns of `plants` at the first delete.
+    delete_statement: tokio::sync::OnceCell<String>,
 }
 
 impl SqliteWriter {
@@ -33,7 +32,7 @@ impl SqliteWriter {
         Self {
             connection,
             idempotency_ttl,
-            columns: tokio::sync::OnceCell::new(),
+            delete_statement: tokio::sync::OnceCell::new(),
         }
     }
 }
@@ -44,13 +43,13 @@ impl BatchWriter for SqliteWriter {
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
         let mut writer = self.connection.lock_by(earliest(batch)?).await?;
         let conn = writer.conn()?;
-        let columns = self
-            .columns
-            .get_or_try_init(|| PlantColumns::read(&mut *conn))
+        let delete_statement = self
+            .delete_statement
+            .get_or_try_init(|| snapshot::delete_statement(&mut *conn))
             .await?;
         // The replay window of idempotency keys opens this long ago.
         let since = before_now(self.idempotency_ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
-        match commit_batch(conn, columns, since, batch).await {
+        match commit_batch(conn, delete_statement, since, batch).await {
             Ok(outcomes) => Ok(outcomes),
             Err(err) => {
                 let err = writer.explain(err);
@@ -70,7 +69,7 @@ impl BatchWriter for SqliteWriter {
 /// audit rows, in one transaction.
 async fn commit_batch(
     conn: &mut SqliteConnection,
-    columns: &PlantColumns,
+    delete_statement: &str,
     since: DateTime<Utc>,
     batch: &[Deletion],
 ) -> Result<Vec<DeletionOutcome>, StoreError> {
@@ -87,13 +86,14 @@ async fn commit_batch(
             .map(|(_, d)| d.plant_id)
             .collect::<Vec<_>>(),
     )?;
-    let deleted: HashMap<i64, String> = columns
-        .delete_returning_snapshots(&ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(classify)?
-        .into_iter()
-        .collect();
+    let deleted: HashMap<i64, String> =
+        sqlx::query_as::<_, (i64, String)>(AssertSqlSafe(delete_statement))
+            .bind(&ids)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(classify)?
+            .into_iter()
+            .collect();
     let outcomes = BatchResult {
         deleted: deleted.keys().copied().collect(),
         // SQLite has no row locks: nothing is held by another session.

@@ -1,62 +1,41 @@
 //! The JSON snapshot of a deleted plant and putting it back: the statements built at run
 //! time, because an existing database's `plants` columns are unknown at compile time.
 
-use sqlx::{
-    AssertSqlSafe, Sqlite, SqliteConnection,
-    query::{Query, QueryAs},
-    sqlite::SqliteArguments,
-};
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, query::Query, sqlite::SqliteArguments};
 
 use plantstore_store::StoreError;
 
-/// The statement built from the columns of `plants` when they were read.
-/// Names are quoted as identifiers and as JSON keys (string literals); every value is a
-/// column or a bound parameter, never text in the statement.
-#[derive(Debug)]
-pub(crate) struct PlantColumns {
-    delete_sql: String,
-}
-
-impl PlantColumns {
-    /// Reads the columns of `plants` (generated columns are not among them, and are not
-    /// snapshot: SQLite computes them again).
-    pub(crate) async fn read(conn: &mut SqliteConnection) -> Result<Self, StoreError> {
-        let names = table_columns(conn).await?;
-        // A BLOB cannot be a JSON value: it is kept as {"blob": "<hex>"}, which no other
-        // column value can look like (json_object writes TEXT as a JSON string). A REAL
-        // is written by json_object with 15 digits, which loses some doubles (0.1 + 0.2):
-        // it gets 17 where 15 do not read back as the same number, and keeps its decimal
-        // point (`!`), so 1.0 comes back REAL, not INTEGER.
-        let pairs: Vec<String> = names
-            .iter()
-            .map(|name| {
-                let c = identifier(name);
-                format!(
-                    "{}, CASE typeof({c}) \
-                       WHEN 'blob' THEN json_object('blob', hex({c})) \
-                       WHEN 'real' THEN json(CASE WHEN CAST(printf('%!.15g', {c}) AS REAL) = {c} \
-                                                 THEN printf('%!.15g', {c}) ELSE printf('%!.17g', {c}) END) \
-                       ELSE {c} END",
-                    literal(name)
-                )
-            })
-            .collect();
-        let delete_sql = format!(
-            "DELETE FROM plants WHERE id IN (SELECT value FROM json_each(?)) \
-             RETURNING id, json_object({})",
-            pairs.join(", ")
-        );
-        Ok(Self { delete_sql })
-    }
-
-    /// Deletes the plants whose ids are in the JSON array `ids`, returning each one's id
-    /// and snapshot.
-    pub(crate) fn delete_returning_snapshots<'q>(
-        &'q self,
-        ids: &'q str,
-    ) -> QueryAs<'q, Sqlite, (i64, String), SqliteArguments> {
-        sqlx::query_as(AssertSqlSafe(self.delete_sql.as_str())).bind(ids)
-    }
+/// The statement that deletes the plants whose ids are in a JSON array, returning each
+/// one's id and snapshot, built from the columns of `plants` now (generated columns are not
+/// among them, and are not snapshot: SQLite computes them again). Names are quoted as
+/// identifiers and as JSON keys (string literals); every value is a column or a bound
+/// parameter, never text in the statement.
+pub(crate) async fn delete_statement(conn: &mut SqliteConnection) -> Result<String, StoreError> {
+    let names = table_columns(conn).await?;
+    // A BLOB cannot be a JSON value: it is kept as {"blob": "<hex>"}, which no other
+    // column value can look like (json_object writes TEXT as a JSON string). A REAL
+    // is written by json_object with 15 digits, which loses some doubles (0.1 + 0.2):
+    // it gets 17 where 15 do not read back as the same number, and keeps its decimal
+    // point (`!`), so 1.0 comes back REAL, not INTEGER.
+    let pairs: Vec<String> = names
+        .iter()
+        .map(|name| {
+            let c = identifier(name);
+            format!(
+                "{}, CASE typeof({c}) \
+                   WHEN 'blob' THEN json_object('blob', hex({c})) \
+                   WHEN 'real' THEN json(CASE WHEN CAST(printf('%!.15g', {c}) AS REAL) = {c} \
+                                             THEN printf('%!.15g', {c}) ELSE printf('%!.17g', {c}) END) \
+                   ELSE {c} END",
+                literal(name)
+            )
+        })
+        .collect();
+    Ok(format!(
+        "DELETE FROM plants WHERE id IN (SELECT value FROM json_each(?)) \
+         RETURNING id, json_object({})",
+        pairs.join(", ")
+    ))
 }
 
 /// The columns of `plants` now, in table order.
