@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store, before_now};
 use serde_json::value::RawValue;
 
-use super::output::out;
+use super::output::{out, time};
 use crate::config::parse_duration;
 
 #[derive(Debug, Subcommand)]
@@ -108,10 +108,6 @@ fn current_user() -> String {
 /// The moment `duration` before now.
 fn ago(duration: Duration) -> anyhow::Result<DateTime<Utc>> {
     before_now(duration).context("the duration reaches back before any date the log can hold")
-}
-
-fn time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 /// One entry of `list --json`, the snapshot as the database stored it.

@@ -135,7 +135,6 @@ impl Cli {
                 serve::run(&config).await
             }
             Command::Migrate => {
-                let mut config = config;
                 config.migrate = true;
                 database::open(&config).await?.close().await;
                 out!("migrations applied");

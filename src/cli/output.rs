@@ -2,6 +2,8 @@
 
 use std::io::{ErrorKind, Write};
 
+use chrono::{DateTime, SecondsFormat, Utc};
+
 /// Writes to stdout. A reader that has read all it wanted (`plantstore deletions list |
 /// head -1`) is no failure: the rest goes nowhere and the command ends as it would have,
 /// where `println!` would panic. Any other failure to write (a full disk) is one line on
@@ -24,3 +26,8 @@ macro_rules! out {
     };
 }
 pub(crate) use out;
+
+/// A moment as every command prints it: RFC 3339 in UTC, to the second.
+pub(crate) fn time(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}

@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::TokenRecord;
 
-use super::output::out;
+use super::output::{self, out};
 use crate::{
     auth::tokens as auth_tokens,
     config::{Config, parse_duration},
@@ -64,8 +64,7 @@ pub(super) async fn run(config: &Config, command: TokenCommand) -> anyhow::Resul
 }
 
 fn print_tokens(list: &[TokenRecord], json: bool) {
-    let time =
-        |at: Option<DateTime<Utc>>| at.map(|at| at.to_rfc3339_opts(SecondsFormat::Secs, true));
+    let time = |at: Option<DateTime<Utc>>| at.map(output::time);
     if json {
         let rows: Vec<serde_json::Value> = list
             .iter()

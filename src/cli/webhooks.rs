@@ -2,13 +2,13 @@
 //! endpoints deletion events are delivered to.
 
 use anyhow::{Context, bail};
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::{
     EndpointRecord, EventKind, EventKinds, NewEndpoint, ReplayOutcome, Store, StoreError,
 };
 
-use super::output::out;
+use super::output::{out, time};
 use crate::webhooks::signature::new_secret;
 
 #[derive(Debug, Subcommand)]
@@ -170,10 +170,6 @@ fn event_kinds(text: &str) -> anyhow::Result<EventKinds> {
 
 fn names(kinds: &EventKinds) -> Vec<&'static str> {
     kinds.iter().map(|kind| kind.name()).collect()
-}
-
-fn time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 #[derive(serde::Serialize)]

@@ -170,10 +170,7 @@ impl Metrics {
             .register_counter(&Key::from_parts(REQUESTS, labels.to_vec()), &METADATA)
             .increment(1);
         self.recorder
-            .register_histogram(
-                &Key::from_parts(LATENCY, vec![Label::new("route", route)]),
-                &METADATA,
-            )
+            .register_histogram(&labelled(LATENCY, "route", route), &METADATA)
             .record(took.as_secs_f64());
     }
 
@@ -182,7 +179,7 @@ impl Metrics {
     }
 
     pub fn auth_failed(&self, reason: &'static str) {
-        let key = Key::from_parts(AUTH_FAILURES, vec![Label::new("reason", reason)]);
+        let key = labelled(AUTH_FAILURES, "reason", reason);
         self.recorder.register_counter(&key, &METADATA).increment(1);
     }
 
@@ -197,7 +194,7 @@ impl Metrics {
             let key = Key::from_parts(WEBHOOK_DELIVERIES, labels);
             self.recorder.register_counter(&key, &METADATA)
         };
-        let lag = Key::from_parts(WEBHOOK_LAG, vec![Label::new("endpoint", endpoint.clone())]);
+        let lag = labelled(WEBHOOK_LAG, "endpoint", endpoint.clone());
         EndpointMetrics {
             delivered: attempts("delivered"),
             failed: attempts("failed"),
@@ -207,13 +204,7 @@ impl Metrics {
     }
 
     pub fn webhook_pending(&self, endpoint: &str, pending: i64) {
-        let key = Key::from_parts(
-            WEBHOOK_PENDING,
-            vec![Label::new(
-                "endpoint",
-                SharedString::from(endpoint.to_owned()),
-            )],
-        );
+        let key = labelled(WEBHOOK_PENDING, "endpoint", endpoint.to_owned());
         self.recorder
             .register_gauge(&key, &METADATA)
             .set(pending as f64);
@@ -237,7 +228,7 @@ impl Metrics {
         let stats = store.stats();
         let in_use = (stats.pool_size as usize).saturating_sub(stats.pool_idle);
         for (state, count) in [("idle", stats.pool_idle), ("in_use", in_use)] {
-            let key = Key::from_parts(POOL, vec![Label::new("state", state)]);
+            let key = labelled(POOL, "state", state);
             self.recorder
                 .register_gauge(&key, &METADATA)
                 .set(count as f64);
@@ -247,7 +238,7 @@ impl Metrics {
             .set(stats.queued as f64);
         let lookups = tokens.lookups();
         for (result, count) in [("hit", lookups.hits), ("miss", lookups.misses)] {
-            let key = Key::from_parts(TOKEN_LOOKUPS, vec![Label::new("result", result)]);
+            let key = labelled(TOKEN_LOOKUPS, "result", result);
             self.recorder
                 .register_counter(&key, &METADATA)
                 .absolute(count);
@@ -257,6 +248,11 @@ impl Metrics {
             .absolute(tokens.reloads());
         self.handle.render()
     }
+}
+
+/// The series `name` with one label.
+fn labelled(name: &'static str, label: &'static str, value: impl Into<SharedString>) -> Key {
+    Key::from_parts(name, vec![Label::new(label, value)])
 }
 
 /// The store's group commits, as a histogram of their sizes.

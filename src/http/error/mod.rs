@@ -273,19 +273,11 @@ impl ResponseError for ApiError {
     }
 
     fn as_response(&self) -> Response {
-        let Answer {
-            status,
-            message,
-            header,
-        } = self.answer();
-        let body = ErrorBody {
-            error: i32::from(status.as_u16()),
-            message,
-        };
+        let Answer { status, header, .. } = self.answer();
         let mut response = Response::builder()
             .status(status)
             .content_type("application/json")
-            .body(serde_json::to_vec(&body).unwrap_or_default());
+            .body(self.json());
         // `from_bytes` takes the document's capitals and stores the name in lower case.
         if let Some((Ok(name), value)) =
             header.map(|(n, v)| (HeaderName::from_bytes(n.as_bytes()), v))
@@ -299,16 +291,8 @@ impl ResponseError for ApiError {
 impl From<StoreError> for ApiError {
     fn from(err: StoreError) -> Self {
         match err {
-            StoreError::Unavailable(cause) => {
-                tracing::warn!(error = %cause, "database unavailable");
-                ApiError::Unavailable
-            }
-            StoreError::ReadOnly => {
-                tracing::warn!("the database accepts no writes now");
-                ApiError::Unavailable
-            }
-            StoreError::Stopped => {
-                tracing::warn!("the store stopped before answering");
+            StoreError::Unavailable(_) | StoreError::ReadOnly | StoreError::Stopped => {
+                tracing::warn!(error = %err, "database unavailable");
                 ApiError::Unavailable
             }
             StoreError::TimedOut => ApiError::DeadlineExceeded,
