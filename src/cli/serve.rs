@@ -23,8 +23,10 @@ pub(super) async fn run(config: &Config) -> anyhow::Result<()> {
         address.ip().to_string()
     };
     if let Some(token) = app.initial_token() {
-        out!("Created the first API token, named 'initial'. It is shown only this once; keep it:");
-        out!("{token}");
+        // One write, so that no log line lands between the two in a merged view.
+        out!(
+            "Created the first API token, named 'initial'. It is shown only this once; keep it:\n{token}"
+        );
     }
     out!(
         "Plant Store listening on http://{shown_host}:{}",
