@@ -64,16 +64,24 @@ def guard_targets(R: dict) -> list[dict]:
     for backend, runs in R.get("guard", {}).items():
         name = BACKEND_NAME[backend]
         for workload, builds in runs.items():
-            ratios = [a["rps"] / b["rps"] for b, a in zip(builds["before"], builds["after"])
-                      if b["rps"]]
-            ratio = statistics.median(ratios) if ratios else None
+            ratio, ratios = median_ratio(builds)
             out.append(target(f"{name} {workload} c={CONNS}: after / before within "
                               f"{WITHIN:.0%} (pairs {', '.join(fmt(r) for r in ratios)})",
                               ratio, lambda r: abs(r - 1) <= WITHIN))
-        peak = max(d["peak_rss_mib"] or 0 for builds in runs.values() for d in builds["after"])
-        out.append(target(f"{name}: peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB", peak,
-                          lambda p: p <= RSS_LIMIT_MIB))
+        out.append(target(f"{name}: peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB",
+                          peak_rss(runs, "after"), lambda p: p <= RSS_LIMIT_MIB))
     return out
+
+
+def median_ratio(builds: dict) -> tuple[float | None, list[float]]:
+    """Each pair's after / before req/s, and their median."""
+    ratios = [a["rps"] / b["rps"] for b, a in zip(builds["before"], builds["after"]) if b["rps"]]
+    return (statistics.median(ratios) if ratios else None), ratios
+
+
+def peak_rss(runs: dict, build: str) -> float:
+    """The highest peak RSS of `build`'s runs, every workload."""
+    return max(d["peak_rss_mib"] or 0 for builds in runs.values() for d in builds[build])
 
 
 # `--profiles`: the lighter release profile is taken if hits stay within 5 % and peak RSS
@@ -101,16 +109,13 @@ def profile_targets(R: dict) -> list[dict]:
     out = []
     for backend, runs in R.get("guard", {}).items():
         name = BACKEND_NAME[backend]
-        hits = runs["hits"]
-        ratios = [a["rps"] / b["rps"] for b, a in zip(hits["before"], hits["after"]) if b["rps"]]
-        ratio = statistics.median(ratios) if ratios else None
+        ratio, ratios = median_ratio(runs["hits"])
         out.append(target(f"{name} hits c={CONNS}: thin / fat within {PROFILE_WITHIN:.0%} "
                           f"(pairs {', '.join(fmt(r) for r in ratios)})",
                           ratio, lambda r: abs(r - 1) <= PROFILE_WITHIN))
         for build, label in (("before", "fat"), ("after", "thin")):
-            peak = max(d["peak_rss_mib"] or 0 for w in runs.values() for d in w[build])
             out.append(target(f"{name}: {label}'s peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB",
-                              peak, lambda p: p <= RSS_LIMIT_MIB))
+                              peak_rss(runs, build), lambda p: p <= RSS_LIMIT_MIB))
     return out
 
 

@@ -71,6 +71,9 @@ def settings() -> Settings:
         profiles=(Path(os.environ["BENCH_PROFILES"])
                   if os.environ.get("BENCH_PROFILES") else None),
     )
+    if s.profiles and not (s.profiles / "builds.tsv").is_file():
+        sys.exit(f"bench: {s.profiles}/builds.tsv is missing; run bench/run --profiles "
+                 "without --no-build first")
     raw = [] if s.profiles else [s.sqlite_raw_bin]
     for b in (s.plantstore, *raw, *([s.baseline] if s.baseline else [])):
         if not os.access(b, os.X_OK):

@@ -130,9 +130,7 @@ impl PgServer {
     /// postmaster would); the next start replays the WAL. fsync is off, so this proves
     /// what survives a killed process, not a power cut.
     pub fn stop_immediately(&self) {
-        let stop = ["stop", "-w", "-m", "immediate", "-D", &self.data()];
-        self.pg("pg_ctl", &stop)
-            .unwrap_or_else(|why| panic!("{why}"));
+        run(&mut stop_command(&self.bin, self.dir.path())).unwrap_or_else(|why| panic!("{why}"));
     }
 
     pub fn start_again(&self) {
@@ -163,21 +161,14 @@ impl PgServer {
 impl Drop for PgServer {
     /// Stops the server before its folder goes; a failure here cannot fail the test.
     fn drop(&mut self) {
-        let stop = ["stop", "-w", "-m", "immediate", "-D", &self.data()];
-        let _ = pg_command(&self.bin, "pg_ctl", &stop, self.dir.path()).output();
+        let _ = stop_command(&self.bin, self.dir.path()).output();
     }
 }
 
 /// A process of its own (out of the test binary's process group, so Ctrl-C spares it)
 /// that waits for its stdin to close, then stops the server in `dir` and deletes `dir`.
 fn watchdog(bin: &Path, dir: &Path) -> Result<ChildStdin, String> {
-    let data = dir.join("data").display().to_string();
-    let stop = pg_command(
-        bin,
-        "pg_ctl",
-        &["stop", "-w", "-m", "immediate", "-D", &data],
-        dir,
-    );
+    let stop = stop_command(bin, dir);
     let mut child = Command::new("sh")
         .args([
             "-c",
@@ -213,9 +204,7 @@ fn remove_abandoned_servers(bin: &Path) {
         let abandoned =
             ours && File::open(dir.join("lock")).is_ok_and(|lock| lock.try_lock().is_ok());
         if abandoned {
-            let data = dir.join("data").display().to_string();
-            let stop = ["stop", "-w", "-m", "immediate", "-D", &data];
-            let _ = pg_command(bin, "pg_ctl", &stop, &dir).output();
+            let _ = stop_command(bin, &dir).output();
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -266,6 +255,18 @@ fn no_programs(tried: &str) -> String {
     )
 }
 
+/// `pg_ctl stop -m immediate` for the server in `dir`: no shutdown checkpoint, as a crash
+/// or `kill -9` of the postmaster would leave it.
+fn stop_command(bin: &Path, dir: &Path) -> Command {
+    let data = dir.join("data").display().to_string();
+    pg_command(
+        bin,
+        "pg_ctl",
+        &["stop", "-w", "-m", "immediate", "-D", &data],
+        dir,
+    )
+}
+
 /// `program` from `bin`, run as `postgres` when this is root.
 fn pg_command(bin: &Path, program: &str, args: &[&str], dir: &Path) -> Command {
     as_owner(bin.join(program), args, dir)
@@ -286,10 +287,13 @@ fn as_owner(program: impl AsRef<OsStr>, args: &[&str], dir: &Path) -> Command {
 }
 
 fn as_root() -> bool {
-    Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+    static ROOT: OnceLock<bool> = OnceLock::new();
+    *ROOT.get_or_init(|| {
+        Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|out| out.stdout.trim_ascii() == b"0")
+    })
 }
 
 fn free_port() -> u16 {

@@ -76,6 +76,19 @@ pub(super) struct ErrorBody {
     pub message: String,
 }
 
+impl ErrorBody {
+    fn of(status: StatusCode, message: String) -> Self {
+        Self {
+            error: i32::from(status.as_u16()),
+            message,
+        }
+    }
+
+    fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
 /// Seconds a client should wait before retrying after a 503.
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
@@ -254,16 +267,15 @@ impl ApiError {
 
     /// The body this error is answered with.
     pub(super) fn body(&self) -> ErrorBody {
-        let answer = self.answer();
-        ErrorBody {
-            error: i32::from(answer.status.as_u16()),
-            message: answer.message,
-        }
+        let Answer {
+            status, message, ..
+        } = self.answer();
+        ErrorBody::of(status, message)
     }
 
     /// The body as JSON bytes, as `as_response` sends it.
     pub(super) fn json(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.body()).unwrap_or_default()
+        self.body().to_json()
     }
 }
 
@@ -273,11 +285,15 @@ impl ResponseError for ApiError {
     }
 
     fn as_response(&self) -> Response {
-        let Answer { status, header, .. } = self.answer();
+        let Answer {
+            status,
+            message,
+            header,
+        } = self.answer();
         let mut response = Response::builder()
             .status(status)
             .content_type("application/json")
-            .body(self.json());
+            .body(ErrorBody::of(status, message).to_json());
         // `from_bytes` takes the document's capitals and stores the name in lower case.
         if let Some((Ok(name), value)) =
             header.map(|(n, v)| (HeaderName::from_bytes(n.as_bytes()), v))
