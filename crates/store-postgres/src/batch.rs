@@ -1,7 +1,7 @@
 //! The group commit on PostgreSQL: one statement per batch (one round trip), with the
 //! callers' idempotency keys locked first when a request carries one.
 
-use std::{collections::HashMap, sync::Arc};
+use std::collections::HashMap;
 
 use plantstore_store::{
     Deletion, StoreError,
@@ -109,7 +109,8 @@ async fn statement(
     // A row present but not deleted is held elsewhere (or was deleted by a commit after
     // the snapshot): it is retried alone rather than waited for here. Casts keep the
     // parameters BIGINT whatever the type of an existing `plants.id`.
-    let rows = sqlx::query!(
+    sqlx::query_as!(
+            BatchRow,
             r#"WITH batch AS (
                    SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::TEXT[])
                        WITH ORDINALITY AS b (plant_id, caller, request_id, idempotency_key, n)
@@ -152,17 +153,7 @@ async fn statement(
             &keys as &[Option<&str>],
             idempotency_ttl,
         )
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
-        .map_err(|err| db.error(err))?;
-    let row = rows
-        .into_iter()
-        .next()
-        .ok_or_else(|| StoreError::Other(Arc::new(sqlx::Error::RowNotFound)))?;
-    Ok(BatchRow {
-        deleted: row.deleted,
-        present: row.present,
-        earlier_at: row.earlier_at,
-        earlier_plant: row.earlier_plant,
-    })
+        .map_err(|err| db.error(err))
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use plantstore_store::{
     CommitObserver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
-    backend::{BatchWriter, Batcher, CommitNews},
+    backend::{Batcher, CommitNews},
 };
 use tokio::sync::watch;
 
@@ -71,11 +71,7 @@ impl PostgresStore {
             alone,
         ));
         let news = CommitNews::default();
-        let batcher = Batcher::start(
-            Arc::clone(&writer) as Arc<dyn BatchWriter>,
-            workers,
-            news.clone(),
-        );
+        let batcher = Batcher::start(writer.clone(), workers, news.clone());
         Ok(Self {
             db,
             writer,

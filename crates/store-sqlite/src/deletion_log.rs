@@ -17,21 +17,18 @@ impl DeletionLog for SqliteStore {
         &self,
         filter: &DeletionFilter,
     ) -> Result<Vec<DeletionRecord>, StoreError> {
-        let since = filter.since.unwrap_or(DateTime::<Utc>::MIN_UTC);
         sqlx::query_as!(
             DeletionRecord,
             r#"SELECT id AS "id!: i64", plant_id AS "plant_id!: i64", token_name AS caller,
                       request_id, idempotency_key, deleted_at AS "deleted_at!: DateTime<Utc>",
                       snapshot, restored_at AS "restored_at?: DateTime<Utc>", restored_by
                FROM plantstore_deletions
-               WHERE (? IS NULL OR plant_id = ?) AND (? IS NULL OR token_name = ?)
-                 AND deleted_at >= ?
-               ORDER BY id DESC LIMIT ?"#,
-            filter.plant_id,
+               WHERE (?1 IS NULL OR plant_id = ?1) AND (?2 IS NULL OR token_name = ?2)
+                 AND (?3 IS NULL OR deleted_at >= ?3)
+               ORDER BY id DESC LIMIT ?4"#,
             filter.plant_id,
             filter.caller,
-            filter.caller,
-            since,
+            filter.since,
             filter.limit,
         )
         .fetch_all(&self.readers)

@@ -15,12 +15,8 @@ const SQLITE_CANTOPEN: i32 = 14;
 
 pub(crate) fn classify(err: sqlx::Error) -> StoreError {
     StoreError::classify(err, |db| {
-        let primary = db
-            .code()
-            .and_then(|code| code.parse::<i32>().ok())
-            .map(|code| code & 0xff);
         matches!(
-            primary,
+            primary_code(db),
             Some(
                 SQLITE_BUSY
                     | SQLITE_LOCKED
@@ -38,9 +34,10 @@ pub(crate) fn is_busy(err: &StoreError) -> bool {
     let StoreError::Unavailable(cause) = err else {
         return false;
     };
-    cause
-        .as_database_error()
-        .and_then(|db| db.code())
-        .and_then(|code| code.parse::<i32>().ok())
-        .is_some_and(|code| code & 0xff == SQLITE_BUSY)
+    cause.as_database_error().and_then(primary_code) == Some(SQLITE_BUSY)
+}
+
+/// The primary result code: the low byte of the extended one.
+fn primary_code(db: &(impl sqlx::error::DatabaseError + ?Sized)) -> Option<i32> {
+    Some(db.code()?.parse::<i32>().ok()? & 0xff)
 }

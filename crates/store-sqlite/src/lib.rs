@@ -78,14 +78,8 @@ impl SqliteStore {
             .map_err(classify)?;
         let writer = Arc::new(WriteConnection::new(write_pool, settings.acquire_timeout));
         let news = CommitNews::default();
-        let batcher = Batcher::start(
-            Arc::new(SqliteWriter::new(
-                Arc::clone(&writer),
-                settings.idempotency_ttl,
-            )),
-            1,
-            news.clone(),
-        );
+        let batch_writer = SqliteWriter::new(Arc::clone(&writer), settings.idempotency_ttl);
+        let batcher = Batcher::start(Arc::new(batch_writer), 1, news.clone());
         Ok(Self {
             writer,
             readers,

@@ -77,8 +77,7 @@ impl Webhooks for SqliteStore {
         secret: &str,
         overlap: Duration,
     ) -> Result<DateTime<Utc>, StoreError> {
-        let until =
-            Utc::now() + chrono::Duration::from_std(overlap).unwrap_or(chrono::Duration::MAX);
+        let until = later(Utc::now(), overlap);
         let done = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET previous_secret = secret, previous_secret_until = ?3, secret = ?2
@@ -113,20 +112,12 @@ impl Webhooks for SqliteStore {
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
         let mut writer = self.writer.lock().await?;
         let conn = writer.conn()?;
-        let entry = sqlx::query_scalar!(
-            r#"SELECT id AS "id!: i64" FROM plantstore_deletions WHERE id = ?"#,
-            from
-        )
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(classify)?;
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, generation = generation + 1
-         WHERE id = ?1 AND ?3",
+         WHERE id = ?1 AND EXISTS (SELECT 1 FROM plantstore_deletions WHERE id = ?2)",
             id,
-            from,
-            entry.is_some()
+            from
         )
         .execute(&mut *conn)
         .await
@@ -156,7 +147,7 @@ impl Webhooks for SqliteStore {
         lease: Duration,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = Utc::now();
-        let until = now + chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let until = later(now, lease);
         let rows = sqlx::query_as!(
             LeaseRow,
             r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
@@ -273,4 +264,13 @@ impl Webhooks for SqliteStore {
         .map_err(classify)?;
         Ok(())
     }
+}
+
+/// `span` after `now`; a span past the last time chrono can hold (an `--overlap` of a
+/// million years) is as good as forever, not a panic.
+fn later(now: DateTime<Utc>, span: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(span)
+        .ok()
+        .and_then(|span| now.checked_add_signed(span))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::DeletionOutcome;
+use super::{DeletionOutcome, replay_or_reuse};
 use crate::Deletion;
 
 /// Facts about one batch, as a backend's statement reports them.
@@ -39,18 +39,6 @@ impl BatchResult {
             })
             .collect()
     }
-}
-
-/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
-/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
-pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
-    earlier.map(|plant_id| {
-        if plant_id == deletion.plant_id {
-            DeletionOutcome::Replayed
-        } else {
-            DeletionOutcome::KeyReused(plant_id)
-        }
-    })
 }
 
 #[cfg(test)]

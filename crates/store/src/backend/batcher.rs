@@ -257,10 +257,19 @@ fn one_each(
 
 /// The outcome of a batch of one deletion, as `one_each` checks it.
 pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
-    let mut outcomes = one_each(1, outcomes)?.into_iter();
-    outcomes
-        .next()
-        .ok_or(StoreError::Broken("one outcome per deletion of a batch"))
+    Ok(one_each(1, outcomes)?[0])
+}
+
+/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
+/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
+pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
+    earlier.map(|plant_id| {
+        if plant_id == deletion.plant_id {
+            DeletionOutcome::Replayed
+        } else {
+            DeletionOutcome::KeyReused(plant_id)
+        }
+    })
 }
 
 /// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
@@ -275,11 +284,7 @@ fn repeat_outcome(
         DeletionOutcome::Deleted | DeletionOutcome::Replayed
     );
     if first.same_key_as(repeat) && deleted_by_key {
-        return Some(if first.plant_id == repeat.plant_id {
-            DeletionOutcome::Replayed
-        } else {
-            DeletionOutcome::KeyReused(first.plant_id)
-        });
+        return replay_or_reuse(repeat, Some(first.plant_id));
     }
     let row_gone = matches!(
         outcome,

@@ -9,14 +9,8 @@ use tokio::sync::watch;
 /// with a delete in it, a restore, a replay), and on PostgreSQL when another process's
 /// commit is heard. Receivers only learn that it changed: one change may stand for many
 /// commits, so a reader reads everything new, never one event per change.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct CommitNews(Arc<watch::Sender<u64>>);
-
-impl Default for CommitNews {
-    fn default() -> Self {
-        Self(Arc::new(watch::Sender::new(0)))
-    }
-}
 
 impl CommitNews {
     /// After a commit that wrote to the deletion log, or word of one elsewhere.

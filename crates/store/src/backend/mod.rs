@@ -12,8 +12,8 @@ mod rows;
 mod schema;
 
 pub use batch_connections::BatchConnections;
-pub use batch_result::{BatchResult, replay_or_reuse};
-pub use batcher::{BatchWriter, Batcher, DeletionOutcome, only_outcome};
+pub use batch_result::BatchResult;
+pub use batcher::{BatchWriter, Batcher, DeletionOutcome, only_outcome, replay_or_reuse};
 pub use commit_news::CommitNews;
 pub use deadline::{
     LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
