@@ -150,7 +150,12 @@ impl Cli {
                 }
                 Ok(())
             }
-            Command::Token(command) => tokens::run(&config, command).await,
+            Command::Token(command) => {
+                let store = database::open(&config).await?;
+                let outcome = tokens::run(store.as_ref(), command).await;
+                store.close().await;
+                outcome
+            }
             Command::Deletions(command) => {
                 let store = database::open(&config).await?;
                 let outcome = deletions::run(store.as_ref(), command).await;

@@ -4,14 +4,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
-use plantstore_store::TokenRecord;
+use plantstore_store::{Store, TokenRecord};
 
 use super::output::{self, out};
-use crate::{
-    auth::tokens as auth_tokens,
-    config::{Config, parse_duration},
-    database,
-};
+use crate::{auth::tokens as auth_tokens, config::parse_duration};
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
@@ -38,29 +34,21 @@ pub enum TokenCommand {
     },
 }
 
-/// Runs one token command against the configured database.
-pub(super) async fn run(config: &Config, command: TokenCommand) -> anyhow::Result<()> {
-    let store = database::open(config).await?;
-    let outcome = match command {
+/// Runs one command against an open store; the caller closes it.
+pub(super) async fn run(store: &dyn Store, command: TokenCommand) -> anyhow::Result<()> {
+    match command {
         TokenCommand::Create { name, expires_in } => {
-            auth_tokens::create(store.as_ref(), &name, expires_in)
-                .await
-                .map(|token| {
-                    out!("Created token '{name}'. It is shown only this once:");
-                    out!("{token}");
-                })
+            let token = auth_tokens::create(store, &name, expires_in).await?;
+            out!("Created token '{name}'. It is shown only this once:");
+            out!("{token}");
         }
-        TokenCommand::List { json } => store
-            .list_tokens()
-            .await
-            .map_err(Into::into)
-            .map(|list| print_tokens(&list, json)),
-        TokenCommand::Revoke { name } => auth_tokens::revoke(store.as_ref(), &name)
-            .await
-            .map(|()| out!("revoked token '{name}'")),
-    };
-    store.close().await;
-    Ok(outcome?)
+        TokenCommand::List { json } => print_tokens(&store.list_tokens().await?, json),
+        TokenCommand::Revoke { name } => {
+            auth_tokens::revoke(store, &name).await?;
+            out!("revoked token '{name}'");
+        }
+    }
+    Ok(())
 }
 
 fn print_tokens(list: &[TokenRecord], json: bool) {

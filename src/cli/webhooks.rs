@@ -82,23 +82,17 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
         WebhooksCommand::List { json } => {
             let endpoints = store.list_endpoints().await?;
             if json {
-                out!("{}", as_json(&endpoints)?);
+                out!("{}", as_json(&endpoints));
             } else {
                 print_table(&endpoints);
             }
         }
         WebhooksCommand::Remove { id } => {
-            store
-                .remove_endpoint(id)
-                .await
-                .map_err(|err| no_such(err, id))?;
+            endpoint_found(id, store.remove_endpoint(id).await)?;
             out!("removed webhook endpoint {id}");
         }
         WebhooksCommand::Enable { id } => {
-            store
-                .enable_endpoint(id)
-                .await
-                .map_err(|err| no_such(err, id))?;
+            endpoint_found(id, store.enable_endpoint(id).await)?;
             out!("enabled webhook endpoint {id}");
         }
         WebhooksCommand::Replay { id, from } => match store.replay_endpoint(id, from).await? {
@@ -111,11 +105,16 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             ),
         },
         WebhooksCommand::RotateSecret { id, overlap } => {
+            let ends = chrono::Duration::from_std(overlap)
+                .ok()
+                .and_then(|overlap| Utc::now().checked_add_signed(overlap));
+            if ends.is_none() {
+                bail!(
+                    "the overlap is too long: it would end past the last date the service can record"
+                );
+            }
             let secret = new_secret();
-            let until = store
-                .rotate_secret(id, &secret, overlap)
-                .await
-                .map_err(|err| no_such(err, id))?;
+            let until = endpoint_found(id, store.rotate_secret(id, &secret, overlap).await)?;
             if overlap.is_zero() {
                 out!("webhook endpoint {id} signs with its new secret alone from now on:");
             } else {
@@ -130,10 +129,11 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
     Ok(())
 }
 
-fn no_such(err: StoreError, id: i64) -> anyhow::Error {
-    match err {
-        StoreError::NotFound => anyhow::anyhow!("no webhook endpoint has id {id}"),
-        other => other.into(),
+/// What the store did to endpoint `id`, its `NotFound` told as such.
+fn endpoint_found<T>(id: i64, done: Result<T, StoreError>) -> anyhow::Result<T> {
+    match done {
+        Err(StoreError::NotFound) => bail!("no webhook endpoint has id {id}"),
+        done => Ok(done?),
     }
 }
 
@@ -172,22 +172,6 @@ fn names(kinds: &EventKinds) -> Vec<&'static str> {
     kinds.iter().map(|kind| kind.name()).collect()
 }
 
-#[derive(serde::Serialize)]
-struct JsonEndpoint<'a> {
-    id: i64,
-    url: &'a str,
-    events: Vec<&'static str>,
-    state: &'static str,
-    http2: bool,
-    /// While the old secret still signs, until when.
-    previous_secret_until: Option<String>,
-    delivered_through: Option<i64>,
-    pending: i64,
-    last_error: Option<&'a str>,
-    next_attempt_at: Option<String>,
-    created_at: String,
-}
-
 /// When the old secret stops signing, while it still does.
 fn overlap_ends(endpoint: &EndpointRecord) -> Option<DateTime<Utc>> {
     endpoint
@@ -195,24 +179,25 @@ fn overlap_ends(endpoint: &EndpointRecord) -> Option<DateTime<Utc>> {
         .filter(|until| *until > Utc::now())
 }
 
-fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Result<String> {
-    let endpoints: Vec<JsonEndpoint<'_>> = endpoints
+fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Value {
+    endpoints
         .iter()
-        .map(|e| JsonEndpoint {
-            id: e.id,
-            url: &e.url,
-            events: names(&e.events),
-            state: e.state.as_str(),
-            http2: e.http2,
-            previous_secret_until: overlap_ends(e).map(time),
-            delivered_through: e.delivered_through,
-            pending: e.pending,
-            last_error: e.last_error.as_deref(),
-            next_attempt_at: e.next_attempt_at.map(time),
-            created_at: time(e.created_at),
+        .map(|e| {
+            serde_json::json!({
+                "id": e.id,
+                "url": e.url,
+                "events": names(&e.events),
+                "state": e.state.as_str(),
+                "http2": e.http2,
+                "previous_secret_until": overlap_ends(e).map(time),
+                "delivered_through": e.delivered_through,
+                "pending": e.pending,
+                "last_error": e.last_error,
+                "next_attempt_at": e.next_attempt_at.map(time),
+                "created_at": time(e.created_at),
+            })
         })
-        .collect();
-    serde_json::to_string(&endpoints)
+        .collect()
 }
 
 fn print_table(endpoints: &[EndpointRecord]) {
@@ -227,11 +212,7 @@ fn print_table(endpoints: &[EndpointRecord]) {
         "URL"
     );
     for e in endpoints {
-        let url = if e.http2 {
-            format!("{} (HTTP/2)", e.url)
-        } else {
-            e.url.clone()
-        };
+        let url = format!("{}{}", e.url, if e.http2 { " (HTTP/2)" } else { "" });
         out!(
             "{:<6} {:<9} {:<10} {:<8} {:<20} {:<20} {:<40} {}",
             e.id,

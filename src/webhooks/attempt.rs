@@ -89,7 +89,6 @@ impl EndpointClient {
     /// operator should see, not a place to send signed events to unasked. Neither the URL
     /// nor its credentials appear in what comes back.
     pub(super) async fn post(&self, signer: &Signer, event: &Event) -> Attempt {
-        let target = self;
         let id = webhook_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();
@@ -97,9 +96,9 @@ impl EndpointClient {
             Ok(signature) => signature,
             Err(error) => return Attempt::failed(error),
         };
-        let request = target
+        let request = self
             .client
-            .post(target.url.clone())
+            .post(self.url.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header("webhook-id", id)
             .header("webhook-timestamp", timestamp)

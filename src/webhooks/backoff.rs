@@ -19,15 +19,8 @@ pub(super) fn retry_wait(
     let (min, max) = (config.webhook_retry_min, config.webhook_retry_max);
     let doubled = 2u32.saturating_pow(failures.saturating_sub(1).min(31));
     let ceiling = min.saturating_mul(doubled).min(max).max(min);
-    let jittered = if ceiling > min {
-        rand::rng().random_range(min..=ceiling)
-    } else {
-        min
-    };
-    match retry_after {
-        Some(asked) => jittered.max(asked.min(max)),
-        None => jittered,
-    }
+    let jittered = rand::rng().random_range(min..=ceiling);
+    retry_after.map_or(jittered, |asked| jittered.max(asked.min(max)))
 }
 
 #[cfg(test)]

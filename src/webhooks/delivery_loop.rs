@@ -6,7 +6,7 @@ use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
-use plantstore_store::{DeliveryReport, EndpointState, Event, Lease, Store, StreamPosition};
+use plantstore_store::{DeliveryReport, EndpointState, Lease, Store, StreamPosition};
 use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior, sleep_until},
@@ -18,10 +18,7 @@ use super::{
     pending::{EventToSend, PendingEvents, WINDOW},
     signature::Signer,
 };
-use crate::{
-    config::WebhookConfig,
-    telemetry::{EndpointMetrics, Metrics},
-};
+use crate::{config::WebhookConfig, telemetry::EndpointMetrics};
 
 /// Requests in flight to one endpoint at most, each for another plant: over HTTP/1.1 each
 /// holds a connection of its own (requests are never pipelined), over HTTP/2 a stream.
@@ -104,9 +101,7 @@ impl Progress {
 
 /// One attempt, as it came back.
 struct AttemptOutcome {
-    event: Event,
-    /// Failed attempts before this one.
-    failures: u32,
+    sent: EventToSend,
     attempt: Attempt,
     /// From the event's commit to this attempt's end.
     lag: Duration,
@@ -124,7 +119,8 @@ pub(super) struct DeliveryLoop {
     /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
     /// them).
     pub(super) signer: watch::Receiver<Arc<Signer>>,
-    pub(super) metrics: Arc<Metrics>,
+    /// This endpoint's counts in `/metrics`.
+    pub(super) counts: EndpointMetrics,
     /// The store's news of commits (`Store::commits`).
     pub(super) commits: watch::Receiver<u64>,
     /// Turns true when this instance stops.
@@ -134,9 +130,6 @@ pub(super) struct DeliveryLoop {
 impl DeliveryLoop {
     #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint_id))]
     pub(super) async fn run(mut self) -> DeliveryEnd {
-        let counts = self
-            .metrics
-            .webhook_endpoint(&self.lease.endpoint_id.to_string());
         let client = Arc::new(EndpointClient::new(
             &self.lease.url,
             self.lease.http2,
@@ -158,10 +151,9 @@ impl DeliveryLoop {
                 more = self.read(&mut ahead).await;
                 last_read = Instant::now();
             }
-            while in_flight.len() < IN_FLIGHT {
-                let Some(to_send) = ahead.next_to_send() else {
-                    break;
-                };
+            while in_flight.len() < IN_FLIGHT
+                && let Some(to_send) = ahead.next_to_send()
+            {
                 in_flight.push(
                     attempt(
                         Arc::clone(&client),
@@ -191,16 +183,14 @@ impl DeliveryLoop {
                     continue;
                 }
                 () = stop_requested(&mut self.stopping) => {
-                    return self.finish(&mut in_flight, &counts, &mut ahead, &mut progress).await;
+                    return self.finish(&mut in_flight, &mut ahead, &mut progress).await;
                 }
             };
             // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
                 if let Some(outcome) = outcome
-                    && let Some(end) = self
-                        .settle(outcome, &counts, &mut ahead, &mut progress)
-                        .await
+                    && let Some(end) = self.settle(outcome, &mut ahead, &mut progress).await
                 {
                     return end;
                 }
@@ -216,25 +206,22 @@ impl DeliveryLoop {
     async fn finish(
         &self,
         in_flight: &mut InFlight,
-        counts: &EndpointMetrics,
         ahead: &mut PendingEvents,
         progress: &mut Progress,
     ) -> DeliveryEnd {
         let until = Instant::now() + ANSWERS_ON_STOP;
         while let Ok(Some(outcome)) = tokio::time::timeout_at(until, in_flight.next()).await {
             if let Some(outcome) = outcome
-                && let Some(end) = self.settle(outcome, counts, ahead, progress).await
+                && let Some(end) = self.settle(outcome, ahead, progress).await
             {
                 return end;
             }
         }
         progress.advance(ahead);
-        if progress.cursor != progress.saved
-            && let Some(end) = self.save(progress).await
-        {
-            return end;
+        if progress.cursor == progress.saved {
+            return DeliveryEnd::Halted;
         }
-        DeliveryEnd::Halted
+        self.save(progress).await.unwrap_or(DeliveryEnd::Halted)
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
@@ -279,25 +266,20 @@ impl DeliveryLoop {
     async fn settle(
         &self,
         outcome: AttemptOutcome,
-        counts: &EndpointMetrics,
         ahead: &mut PendingEvents,
         progress: &mut Progress,
     ) -> Option<DeliveryEnd> {
-        let AttemptOutcome {
-            event,
-            failures,
-            attempt,
-            lag,
-        } = outcome;
+        let AttemptOutcome { sent, attempt, lag } = outcome;
+        let event = sent.event;
         match attempt {
             Attempt::Delivered => {
-                counts.delivered(lag);
+                self.counts.delivered(lag);
                 ahead.delivered(&event);
                 progress.failing = None;
                 None
             }
             Attempt::Gone => {
-                counts.gone();
+                self.counts.gone();
                 tracing::warn!(webhook_id = %webhook_id(&event), "the receiver answered 410 Gone: endpoint disabled");
                 let report = DeliveryReport {
                     state: EndpointState::Disabled,
@@ -315,8 +297,8 @@ impl DeliveryLoop {
                 Some(DeliveryEnd::Disabled)
             }
             Attempt::Failed { error, retry_after } => {
-                counts.failed();
-                let failures = failures + 1;
+                self.counts.failed();
+                let failures = sent.failures + 1;
                 let wait = retry_wait(&self.config, failures, retry_after);
                 tracing::info!(webhook_id = %webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
                 let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
@@ -352,8 +334,7 @@ async fn attempt(
         .to_std()
         .unwrap_or_default();
     Some(AttemptOutcome {
-        event: to_send.event,
-        failures: to_send.failures,
+        sent: to_send,
         attempt,
         lag,
     })

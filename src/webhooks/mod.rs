@@ -130,7 +130,9 @@ impl Deliveries {
                     owner: Arc::clone(&self.owner),
                     config: self.config.clone(),
                     signer: signer_seen,
-                    metrics: Arc::clone(&self.metrics),
+                    counts: self
+                        .metrics
+                        .webhook_endpoint(&started.endpoint_id.to_string()),
                     commits: self.store.commits(),
                     stopping: stopping.clone(),
                 };

@@ -673,6 +673,16 @@ async fn each_refused_command_is_one_clear_line(backend: Backend) {
             vec!["webhooks", "rotate-secret", "999"],
             "no webhook endpoint has id 999",
         ),
+        (
+            vec![
+                "webhooks",
+                "rotate-secret",
+                &id,
+                "--overlap",
+                "1000000years",
+            ],
+            "the overlap is too long",
+        ),
     ];
     for (args, says) in refusals {
         let line = refused(&plantstore(&app, &args));
