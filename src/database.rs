@@ -22,18 +22,13 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
     let store = connect(&config.database_url, settings)
         .await
         .with_context(|| format!("cannot open the database at {}", config.database_url))?;
-    if config.migrate {
+    let unusable = if config.migrate {
         store.migrate().await.context("cannot apply migrations")?;
-        store
-            .check_schema()
-            .await
-            .context("the database cannot be served")?;
+        "the database cannot be served"
     } else {
-        store
-            .check_schema()
-            .await
-            .context("PLANTSTORE_MIGRATE=false and the schema is not ready")?;
-    }
+        "PLANTSTORE_MIGRATE=false and the schema is not ready"
+    };
+    store.check_schema().await.context(unusable)?;
     Ok(store)
 }
 

@@ -104,20 +104,14 @@ impl Application {
                 let _ = stopped.wait_for(|stop| *stop).await;
             }
         };
-        let public = http::serve(
+        let servers = http::serve(
             self.acceptor,
-            self.state.clone(),
+            self.admin.map(|(acceptor, _)| acceptor),
+            self.state,
             &self.documents,
             &self.config,
-            when_stopped(),
+            when_stopped,
         );
-        let admin = async {
-            let Some((acceptor, _)) = self.admin else {
-                return Ok(());
-            };
-            http::serve_admin(acceptor, self.state, &self.config, when_stopped()).await
-        };
-        let servers = async { tokio::try_join!(public, admin).map(drop) };
         tokio::pin!(servers);
         let served = tokio::select! {
             // Only a listener that failed ends a server before the signal.
@@ -178,7 +172,6 @@ pub async fn shutdown_signal() {
             std::future::pending::<()>().await;
         }
     };
-    #[cfg(unix)]
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut signal) => {
@@ -187,8 +180,6 @@ pub async fn shutdown_signal() {
             Err(_) => std::future::pending::<()>().await,
         }
     };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
     tokio::select! {
         () = ctrl_c => {},
         () = terminate => {},

@@ -8,7 +8,7 @@ pub mod tokens;
 
 use std::sync::Arc;
 
-pub use token_cache::{Lookups, TokenCache};
+pub use token_cache::TokenCache;
 
 /// The caller a valid token stands for.
 #[derive(Debug, Clone)]

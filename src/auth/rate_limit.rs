@@ -2,31 +2,26 @@
 
 use std::{num::NonZeroU32, sync::Arc};
 
-use governor::{
-    DefaultKeyedRateLimiter, Quota,
-    clock::{Clock, DefaultClock},
-};
+use governor::{DefaultKeyedRateLimiter, Quota, clock::Clock};
 
 /// A GCRA limit per token name (governor's keyed limiter): `rate` requests a second on
 /// average, bursts up to `rate` at once. Each instance counts its own requests.
 #[derive(Debug)]
 pub struct RateLimiter {
     limiter: DefaultKeyedRateLimiter<Arc<str>>,
-    clock: DefaultClock,
 }
 
 impl RateLimiter {
     pub fn new(per_second: NonZeroU32) -> Self {
         Self {
             limiter: governor::RateLimiter::keyed(Quota::per_second(per_second)),
-            clock: DefaultClock::default(),
         }
     }
 
     /// Lets one request of `key` through, or says how long until one may go.
     pub fn check(&self, key: &Arc<str>) -> Result<(), RateLimited> {
         self.limiter.check_key(key).map_err(|not_until| {
-            let wait = not_until.wait_time_from(self.clock.now());
+            let wait = not_until.wait_time_from(self.limiter.clock().now());
             // Rounded up: a client that waits this long is let through.
             RateLimited {
                 retry_after_secs: wait.as_secs_f64().ceil().max(1.0) as u64,
@@ -36,7 +31,8 @@ impl RateLimiter {
 }
 
 /// A request over its caller's limit, and the whole seconds until one may go.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("rate limited")]
 pub struct RateLimited {
     pub retry_after_secs: u64,
 }

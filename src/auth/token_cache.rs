@@ -57,14 +57,6 @@ pub struct TokenCache {
     misses: AtomicU64,
 }
 
-/// Lookups answered from the copy in memory (hits) and those that waited for the table to
-/// be read (misses).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Lookups {
-    pub hits: u64,
-    pub misses: u64,
-}
-
 impl TokenCache {
     /// An empty cache: the first request loads the table.
     pub fn new(store: Arc<dyn Store>) -> Arc<Self> {
@@ -84,11 +76,14 @@ impl TokenCache {
         self.reloads.load(Ordering::Relaxed)
     }
 
-    pub fn lookups(&self) -> Lookups {
-        Lookups {
-            hits: self.hits.load(Ordering::Relaxed),
-            misses: self.misses.load(Ordering::Relaxed),
-        }
+    /// Lookups answered from the copy in memory.
+    pub fn hits(&self) -> u64 {
+        self.hits.load(Ordering::Relaxed)
+    }
+
+    /// Lookups that waited for the table to be read.
+    pub fn misses(&self) -> u64 {
+        self.misses.load(Ordering::Relaxed)
     }
 
     /// The token with this lookup id, from a copy no older than `MAX_AGE`; an unknown

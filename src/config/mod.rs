@@ -238,16 +238,10 @@ const MIN_JWT_SECRET_BYTES: usize = 32;
 impl JwtConfig {
     fn check(&self) -> Result<(), String> {
         let set = self.without_empty_values();
-        if [
-            set.jwt_secret.is_some(),
-            set.jwt_public_key.is_some(),
-            set.jwks_url.is_some(),
-        ]
-        .into_iter()
-        .filter(|&source| source)
-        .count()
-            > 1
-        {
+        let sources = u8::from(set.jwt_secret.is_some())
+            + u8::from(set.jwt_public_key.is_some())
+            + u8::from(set.jwks_url.is_some());
+        if sources > 1 {
             return Err("set one of PLANTSTORE_JWT_SECRET, PLANTSTORE_JWT_PUBLIC_KEY and PLANTSTORE_JWKS_URL, not several".into());
         }
         match set.jwt_secret {

@@ -16,7 +16,8 @@ pub const MAX_LEN: usize = 255;
 pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
 
 /// A header that is not one valid key (the HTTP layer answers it with a 400).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the Idempotency-Key header is not a valid key")]
 pub struct InvalidKey;
 
 /// The request's key: none without the header; `InvalidKey` when it is sent twice or is

@@ -48,11 +48,9 @@ pub(super) async fn request_context<E: Endpoint>(
 
     // Errors are answered by `error_shape` further in; what still arrives here as one
     // (from a layer between the two) gets the same shape.
-    let facts = RequestFacts::of(&req);
-    let mut response = match inner.call(req).instrument(span.clone()).await {
-        Ok(output) => output.into_response(),
-        Err(err) => facts.answer(err, &metrics),
-    };
+    let mut response = error_shape(inner, req, Arc::clone(&metrics))
+        .instrument(span.clone())
+        .await?;
     if let Ok(value) = HeaderValue::from_str(request_id.as_str()) {
         response.headers_mut().insert(request_id::HEADER, value);
     }
@@ -77,35 +75,17 @@ pub(super) async fn error_shape<E: Endpoint>(
     req: Request,
     metrics: Arc<Metrics>,
 ) -> Result<Response> {
-    let facts = RequestFacts::of(&req);
-    Ok(match inner.call(req).await {
-        Ok(output) => output.into_response(),
-        Err(err) => facts.answer(err, &metrics),
-    })
-}
-
-/// What an error's answer needs to know of its request.
-struct RequestFacts {
-    token_sent: bool,
-    /// The methods of the request's path, for a 405's `Allow`.
-    allow: &'static str,
-}
-
-impl RequestFacts {
-    fn of(req: &Request) -> Self {
-        Self {
-            token_sent: req.headers().contains_key(header::AUTHORIZATION),
-            allow: paths::allowed_methods(req.uri().path()),
-        }
+    let token_sent = req.headers().contains_key(header::AUTHORIZATION);
+    // The methods of the request's path, for a 405's `Allow`.
+    let allow = paths::allowed_methods(req.uri().path());
+    let error = match inner.call(req).await {
+        Ok(output) => return Ok(output.into_response()),
+        Err(err) => ApiError::from_poem(err, token_sent, allow),
+    };
+    if let ApiError::Unauthorized(failure) = error {
+        metrics.auth_failed(failure.as_str());
     }
-
-    fn answer(&self, err: poem::Error, metrics: &Metrics) -> Response {
-        let error = ApiError::from_poem(err, self.token_sent, self.allow);
-        if let ApiError::Unauthorized(failure) = error {
-            metrics.auth_failed(failure.as_str());
-        }
-        error.as_response()
-    }
+    Ok(error.as_response())
 }
 
 /// `PLANTSTORE_REQUEST_TIMEOUT`: past it, the request's work is dropped and the answer is
@@ -154,16 +134,6 @@ pub(super) async fn close_while_draining<E: Endpoint>(
 /// request's extensions and hand it to the store.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RequestDeadline(pub tokio::time::Instant);
-
-impl RequestDeadline {
-    /// The request's deadline; `limit` from now if the `deadline` layer set none.
-    pub(super) fn of(request: &Request, limit: Duration) -> tokio::time::Instant {
-        request
-            .extensions()
-            .get::<RequestDeadline>()
-            .map_or_else(|| deadline_after(limit), |deadline| deadline.0)
-    }
-}
 
 /// `limit` from now; a limit too large to add is as good as none (a year).
 fn deadline_after(limit: Duration) -> tokio::time::Instant {

@@ -98,32 +98,25 @@ pub fn with_middleware(
         .around(move |inner, req| middleware::request_context(inner, req, Arc::clone(&metrics)))
 }
 
-/// Serves the public app on `acceptor`, each client connection held to its limits, until
-/// `stop` resolves; requests in flight then have `PLANTSTORE_SHUTDOWN_GRACE` to finish.
-pub(crate) async fn serve(
+/// Serves the public app on `acceptor`, each client connection held to its limits, and
+/// with `admin` the ops endpoints there, until `stop()` resolves; requests in flight then
+/// have `PLANTSTORE_SHUTDOWN_GRACE` to finish. Only a listener that fails ends it sooner.
+pub(crate) async fn serve<Stop: Future<Output = ()>>(
     acceptor: TcpAcceptor,
+    admin: Option<TcpAcceptor>,
     state: AppState,
     documents: &Documents,
     config: &ServeConfig,
-    stop: impl Future<Output = ()>,
+    stop: impl Fn() -> Stop,
 ) -> std::io::Result<()> {
-    Server::new_with_acceptor(CappedAcceptor::new(acceptor, config.connections))
-        .run_with_graceful_shutdown(
-            build(state, documents, config),
-            stop,
-            Some(config.shutdown_grace),
-        )
-        .await
-}
-
-/// Serves the ops endpoints on the admin listener, as `serve` does the public app.
-pub(crate) async fn serve_admin(
-    acceptor: TcpAcceptor,
-    state: AppState,
-    config: &ServeConfig,
-    stop: impl Future<Output = ()>,
-) -> std::io::Result<()> {
-    Server::new_with_acceptor(acceptor)
-        .run_with_graceful_shutdown(build_admin(state), stop, Some(config.shutdown_grace))
-        .await
+    let grace = Some(config.shutdown_grace);
+    let public = Server::new_with_acceptor(CappedAcceptor::new(acceptor, config.connections))
+        .run_with_graceful_shutdown(build(state.clone(), documents, config), stop(), grace);
+    let admin = async {
+        let Some(admin) = admin else { return Ok(()) };
+        Server::new_with_acceptor(admin)
+            .run_with_graceful_shutdown(build_admin(state), stop(), grace)
+            .await
+    };
+    tokio::try_join!(public, admin).map(drop)
 }

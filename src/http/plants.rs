@@ -76,7 +76,8 @@ impl PlantsApi {
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
             idempotency_key,
-            deadline: RequestDeadline::of(request, state.request_timeout),
+            // Set by the `deadline` layer, which every request passes through.
+            deadline: request.data::<RequestDeadline>().ok_or(ApiError::Internal)?.0,
         };
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {

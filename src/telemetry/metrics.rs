@@ -236,8 +236,7 @@ impl Metrics {
         self.recorder
             .register_gauge(&Key::from_name(QUEUED), &METADATA)
             .set(stats.queued as f64);
-        let lookups = tokens.lookups();
-        for (result, count) in [("hit", lookups.hits), ("miss", lookups.misses)] {
+        for (result, count) in [("hit", tokens.hits()), ("miss", tokens.misses())] {
             let key = labelled(TOKEN_LOOKUPS, "result", result);
             self.recorder
                 .register_counter(&key, &METADATA)

@@ -13,7 +13,8 @@ use std::{
     sync::atomic::{AtomicBool, Ordering},
 };
 
-use opentelemetry::{global, propagation::Extractor, trace::TracerProvider as _};
+use opentelemetry::{global, trace::TracerProvider as _};
+use opentelemetry_http::HeaderExtractor;
 use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
 use poem::http::HeaderMap;
@@ -90,11 +91,8 @@ pub fn init(
     };
     let traces = otlp_endpoint.map(tracer_provider).transpose()?;
     let spans = traces.as_ref().map(|provider| {
-        let ours = Targets::new()
-            .with_target("plantstore", Level::DEBUG)
-            .with_target("plantstore_store", Level::DEBUG)
-            .with_target("plantstore_sqlite", Level::DEBUG)
-            .with_target("plantstore_postgres", Level::DEBUG);
+        // A prefix: it takes in the store crates (`plantstore_store`, …) too.
+        let ours = Targets::new().with_target("plantstore", Level::DEBUG);
         tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("plantstore"))
             .with_filter(ours)
@@ -131,18 +129,6 @@ pub fn follow_caller_trace(span: &tracing::Span, headers: &HeaderMap) {
         return;
     }
     let parent =
-        global::get_text_map_propagator(|propagator| propagator.extract(&Headers(headers)));
+        global::get_text_map_propagator(|propagator| propagator.extract(&HeaderExtractor(headers)));
     let _ = span.set_parent(parent);
-}
-
-struct Headers<'a>(&'a HeaderMap);
-
-impl Extractor for Headers<'_> {
-    fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
-    }
-
-    fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(|name| name.as_str()).collect()
-    }
 }

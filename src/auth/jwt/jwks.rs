@@ -2,7 +2,11 @@
 //! names a key id it does not have (at most every 10 s), so keys rotate without a restart
 //! and an outage of the provider does not fail tokens whose key is already known.
 
-use std::{collections::HashMap, sync::RwLock, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{PoisonError, RwLock},
+    time::Duration,
+};
 
 use jsonwebtoken::{
     Algorithm, DecodingKey,
@@ -71,10 +75,7 @@ impl Jwks {
     }
 
     fn known(&self, kid: Option<&str>) -> Option<(DecodingKey, Algorithm)> {
-        let keys = self
-            .keys
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keys = self.keys.read().unwrap_or_else(PoisonError::into_inner);
         match kid {
             Some(kid) => keys.get(kid).cloned(),
             None if keys.len() == 1 => keys.values().next().cloned(),
@@ -101,10 +102,7 @@ impl Jwks {
             })
             .collect();
         tracing::info!(keys = keys.len(), "read the JWKS");
-        *self
-            .keys
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = keys;
+        *self.keys.write().unwrap_or_else(PoisonError::into_inner) = keys;
         Ok(())
     }
 }

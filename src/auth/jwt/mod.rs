@@ -96,10 +96,7 @@ impl JwtVerifier {
                 DecodingKey::from_secret(secret.expose().as_bytes()),
                 Algorithm::HS256,
             ),
-            (None, Some(path), _) => {
-                let (key, algorithm) = public_key(path)?;
-                Keys::Fixed(key, algorithm)
-            }
+            (None, Some(path), _) => public_key(path)?,
             (None, None, Some(url)) => Keys::Jwks(Jwks::start(url.clone()).await?),
             (None, None, None) => return Ok(None),
         };
@@ -125,7 +122,11 @@ impl JwtVerifier {
                 token_name: format!("{SUBJECT_PREFIX}{}", claims.sub).into(),
             }),
         };
-        self.remember(digest, claims.exp, outcome.clone(), now);
+        let known = Verified {
+            expires_at: claims.exp,
+            outcome: outcome.clone(),
+        };
+        self.remember(digest, known, now);
         outcome
     }
 
@@ -167,13 +168,7 @@ impl JwtVerifier {
             .map(|known| known.outcome.clone())
     }
 
-    fn remember(
-        &self,
-        digest: [u8; 32],
-        expires_at: u64,
-        outcome: Result<Caller, JwtRejection>,
-        now: u64,
-    ) {
+    fn remember(&self, digest: [u8; 32], known: Verified, now: u64) {
         // A cache of tokens, not of secrets: it only spares the signature check.
         let mut verified = self.verified.lock().unwrap_or_else(PoisonError::into_inner);
         if verified.len() >= MAX_VERIFIED {
@@ -182,13 +177,7 @@ impl JwtVerifier {
                 verified.clear();
             }
         }
-        verified.insert(
-            digest,
-            Verified {
-                expires_at,
-                outcome,
-            },
-        );
+        verified.insert(digest, known);
     }
 }
 
@@ -216,14 +205,14 @@ fn has_scope(claims: &Claims, required: &str) -> bool {
 }
 
 /// An RSA key (RS256) or a P-256 key (ES256), from a PEM file.
-fn public_key(path: &std::path::Path) -> anyhow::Result<(DecodingKey, Algorithm)> {
+fn public_key(path: &std::path::Path) -> anyhow::Result<Keys> {
     let pem = std::fs::read(path)
         .with_context(|| format!("cannot read PLANTSTORE_JWT_PUBLIC_KEY {}", path.display()))?;
     if let Ok(key) = DecodingKey::from_rsa_pem(&pem) {
-        return Ok((key, Algorithm::RS256));
+        return Ok(Keys::Fixed(key, Algorithm::RS256));
     }
     if let Ok(key) = DecodingKey::from_ec_pem(&pem) {
-        return Ok((key, Algorithm::ES256));
+        return Ok(Keys::Fixed(key, Algorithm::ES256));
     }
     bail!(
         "PLANTSTORE_JWT_PUBLIC_KEY {} is not a PEM RSA or EC public key",

@@ -15,7 +15,7 @@ use poem_openapi::{
     error::{AuthorizationError, ParsePathError},
 };
 
-use super::idempotency_key;
+use super::idempotency_key::{self, InvalidKey};
 use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
 /// What the service answers to a client's mistake or its own failure.
@@ -23,8 +23,8 @@ use crate::auth::{AuthFailure, rate_limit::RateLimited};
 pub(super) enum ApiError {
     #[error("the plant id is not a base-10 int64")]
     InvalidPlantId,
-    #[error("the Idempotency-Key header is not a valid key")]
-    InvalidIdempotencyKey,
+    #[error(transparent)]
+    InvalidIdempotencyKey(#[from] InvalidKey),
     /// The caller's idempotency key already deleted `earlier`; this request named `plant`.
     #[error("idempotency key reused for plant {plant}")]
     IdempotencyKeyReused { earlier: i64, plant: i64 },
@@ -40,8 +40,8 @@ pub(super) enum ApiError {
     MethodNotAllowed { allow: &'static str },
     #[error("plant {0} is still referenced")]
     PlantReferenced(i64),
-    #[error("rate limited")]
-    RateLimited { retry_after_secs: u64 },
+    #[error(transparent)]
+    RateLimited(#[from] RateLimited),
     /// A request the framework refused for a reason no other variant covers.
     #[error("rejected with {0}")]
     Rejected(StatusCode),
@@ -76,19 +76,6 @@ pub(super) struct ErrorBody {
     pub message: String,
 }
 
-impl ErrorBody {
-    fn of(status: StatusCode, message: String) -> Self {
-        Self {
-            error: i32::from(status.as_u16()),
-            message,
-        }
-    }
-
-    fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
-
 /// Seconds a client should wait before retrying after a 503.
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
@@ -96,16 +83,21 @@ const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 /// some statuses need.
 pub(super) struct Answer {
     status: StatusCode,
-    message: String,
+    body: ErrorBody,
     /// Named as the OpenAPI document spells it.
     pub(super) header: Option<(&'static str, HeaderValue)>,
 }
 
 impl Answer {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        let error = i32::from(status.as_u16());
+        let body = ErrorBody {
+            error,
+            message: message.into(),
+        };
         Self {
             status,
-            message: message.into(),
+            body,
             header: None,
         }
     }
@@ -130,7 +122,7 @@ impl ApiError {
                 S::BAD_REQUEST,
                 "The plant id must be a base-10 integer between -9223372036854775808 and 9223372036854775807.",
             ),
-            ApiError::InvalidIdempotencyKey => Answer::new(
+            ApiError::InvalidIdempotencyKey(_) => Answer::new(
                 S::BAD_REQUEST,
                 format!(
                     "The Idempotency-Key header must be one key of 1 to {} printable ASCII characters, bare or as a quoted string (\"key\").",
@@ -180,7 +172,7 @@ impl ApiError {
                     "Plant {id} is still referenced by other records, so it was not deleted; remove those references first."
                 ),
             ),
-            ApiError::RateLimited { retry_after_secs } => Answer::new(
+            ApiError::RateLimited(RateLimited { retry_after_secs }) => Answer::new(
                 S::TOO_MANY_REQUESTS,
                 format!("Too many requests with this token; retry in {retry_after_secs} second(s)."),
             )
@@ -267,15 +259,12 @@ impl ApiError {
 
     /// The body this error is answered with.
     pub(super) fn body(&self) -> ErrorBody {
-        let Answer {
-            status, message, ..
-        } = self.answer();
-        ErrorBody::of(status, message)
+        self.answer().body
     }
 
     /// The body as JSON bytes, as `as_response` sends it.
     pub(super) fn json(&self) -> Vec<u8> {
-        self.body().to_json()
+        serde_json::to_vec(&self.body()).unwrap_or_default()
     }
 }
 
@@ -287,13 +276,13 @@ impl ResponseError for ApiError {
     fn as_response(&self) -> Response {
         let Answer {
             status,
-            message,
+            body,
             header,
         } = self.answer();
         let mut response = Response::builder()
             .status(status)
             .content_type("application/json")
-            .body(ErrorBody::of(status, message).to_json());
+            .body(serde_json::to_vec(&body).unwrap_or_default());
         // `from_bytes` takes the document's capitals and stores the name in lower case.
         if let Some((Ok(name), value)) =
             header.map(|(n, v)| (HeaderName::from_bytes(n.as_bytes()), v))
@@ -317,19 +306,5 @@ impl From<StoreError> for ApiError {
                 ApiError::Internal
             }
         }
-    }
-}
-
-impl From<RateLimited> for ApiError {
-    fn from(limited: RateLimited) -> Self {
-        ApiError::RateLimited {
-            retry_after_secs: limited.retry_after_secs,
-        }
-    }
-}
-
-impl From<idempotency_key::InvalidKey> for ApiError {
-    fn from(_: idempotency_key::InvalidKey) -> Self {
-        ApiError::InvalidIdempotencyKey
     }
 }

@@ -9,7 +9,7 @@ use poem_openapi::{
 };
 
 use super::{ApiError, ErrorBody};
-use crate::auth::AuthFailure;
+use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
 impl ApiError {
     /// The statuses the operation documents, each with a typical variant (its example
@@ -45,9 +45,9 @@ impl ApiError {
                 "The caller's Idempotency-Key already deleted another plant; nothing was deleted",
             ),
             (
-                ApiError::RateLimited {
+                ApiError::RateLimited(RateLimited {
                     retry_after_secs: 1,
-                },
+                }),
                 "Too many requests with this token",
             ),
             (ApiError::Internal, "Unexpected error"),
