@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{Store, StoreError, TokenRecord};
+use plantstore_store::{Store, StoreError, TokenRecord, storable_after};
 use rand::{Rng, distr::Alphanumeric};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -53,12 +53,7 @@ pub async fn create(
     validate_name(name)?;
     let now = Utc::now();
     let expires_at = expires_in
-        .map(|ttl| {
-            chrono::Duration::from_std(ttl)
-                .ok()
-                .and_then(|ttl| now.checked_add_signed(ttl))
-                .ok_or(TokenError::ExpiryOutOfRange)
-        })
+        .map(|ttl| storable_after(now, ttl).ok_or(TokenError::ExpiryOutOfRange))
         .transpose()?;
     let lookup_id = random_alphanumeric(LOOKUP_ID_LEN);
     let secret = random_alphanumeric(SECRET_LEN);

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::{
     EndpointRecord, EventKind, EventKinds, NewEndpoint, ReplayOutcome, Store, StoreError,
+    storable_after,
 };
 
 use super::output::{out, time};
@@ -105,13 +106,8 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             ),
         },
         WebhooksCommand::RotateSecret { id, overlap } => {
-            let ends = chrono::Duration::from_std(overlap)
-                .ok()
-                .and_then(|overlap| Utc::now().checked_add_signed(overlap));
-            if ends.is_none() {
-                bail!(
-                    "the overlap is too long: it would end past the last date the service can record"
-                );
+            if storable_after(Utc::now(), overlap).is_none() {
+                bail!("the overlap is too long: it would end after the year 9999");
             }
             let secret = new_secret();
             let until = endpoint_found(id, store.rotate_secret(id, &secret, overlap).await)?;

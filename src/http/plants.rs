@@ -71,13 +71,16 @@ impl PlantsApi {
         // Read from the headers themselves: poem-openapi takes a value that is not text as
         // no header at all, and the first of several.
         let idempotency_key = idempotency_key::from_headers(request.headers())?;
+        // Set by the `deadline` layer, which every request passes through.
+        let deadline = request
+            .data::<RequestDeadline>()
+            .ok_or(ApiError::Internal)?;
         let deletion = Deletion {
             plant_id: id.0,
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
             idempotency_key,
-            // Set by the `deadline` layer, which every request passes through.
-            deadline: request.data::<RequestDeadline>().ok_or(ApiError::Internal)?.0,
+            deadline: deadline.0,
         };
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {

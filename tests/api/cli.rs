@@ -54,6 +54,19 @@ fn token_create_prints_the_token_alone_on_the_last_line_and_list_never_shows_it(
         &["token", "create", "--name", "ci", "--expires-in", "90d"],
     );
     let again = run(dir.path(), &url, &["token", "create", "--name", "ci"]);
+    // Past 9999 SQLite's times as text would sort wrong; such an expiry is refused.
+    let far = run(
+        dir.path(),
+        &url,
+        &[
+            "token",
+            "create",
+            "--name",
+            "far",
+            "--expires-in",
+            "8000years",
+        ],
+    );
     let listed = run(dir.path(), &url, &["token", "list"]);
     let revoked = run(dir.path(), &url, &["token", "revoke", "ci"]);
     let unknown = run(dir.path(), &url, &["token", "revoke", "nobody"]);
@@ -70,6 +83,10 @@ fn token_create_prints_the_token_alone_on_the_last_line_and_list_never_shows_it(
     assert_eq!(
         stderr(&again).trim(),
         "plantstore: a token named 'ci' already exists"
+    );
+    assert_eq!(
+        stderr(&far).trim(),
+        "plantstore: the expiry is too far in the future"
     );
     let list = stdout(&listed);
     assert!(list.contains("NAME") && list.contains("ci "), "{list}");

@@ -683,6 +683,11 @@ async fn each_refused_command_is_one_clear_line(backend: Backend) {
             ],
             "the overlap is too long",
         ),
+        // Past 9999, SQLite's times as text (`+10027-…`) would sort before today's.
+        (
+            vec!["webhooks", "rotate-secret", &id, "--overlap", "8000years"],
+            "the overlap is too long",
+        ),
     ];
     for (args, says) in refusals {
         let line = refused(&plantstore(&app, &args));

@@ -7,9 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
-    StreamPosition, Webhooks,
+    DeliveryReport, EndpointRecord, Event, LAST_STORABLE_TIME, Lease, NewEndpoint, ReplayOutcome,
+    StoreError, StreamPosition, Webhooks,
     backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
+    storable_after,
 };
 
 use crate::{SqliteStore, errors::classify};
@@ -77,7 +78,7 @@ impl Webhooks for SqliteStore {
         secret: &str,
         overlap: Duration,
     ) -> Result<DateTime<Utc>, StoreError> {
-        let until = later(Utc::now(), overlap);
+        let until = storable_after(Utc::now(), overlap).unwrap_or(LAST_STORABLE_TIME);
         let done = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET previous_secret = secret, previous_secret_until = ?3, secret = ?2
@@ -147,7 +148,7 @@ impl Webhooks for SqliteStore {
         lease: Duration,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = Utc::now();
-        let until = later(now, lease);
+        let until = storable_after(now, lease).unwrap_or(LAST_STORABLE_TIME);
         let rows = sqlx::query_as!(
             LeaseRow,
             r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
@@ -264,13 +265,4 @@ impl Webhooks for SqliteStore {
         .map_err(classify)?;
         Ok(())
     }
-}
-
-/// `span` after `now`; a span past the last time chrono can hold (an `--overlap` of a
-/// million years) is as good as forever, not a panic.
-fn later(now: DateTime<Utc>, span: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(span)
-        .ok()
-        .and_then(|span| now.checked_add_signed(span))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
