@@ -219,7 +219,9 @@ impl Drop for TestDb {
         })
         .join();
         if !matches!(dropped, Ok(Some(_))) {
-            eprintln!("could not drop a test database; `.ci/run` drops leftovers");
+            eprintln!(
+                "could not drop a test database; on a server you named, `.ci/run` drops leftovers"
+            );
         }
     }
 }

@@ -5,9 +5,9 @@
 
 use std::{
     ffi::OsStr,
-    fs::File,
+    fs::{File, Permissions},
     net::TcpListener,
-    os::unix::process::CommandExt,
+    os::unix::{fs::PermissionsExt, process::CommandExt},
     path::{Path, PathBuf},
     process::{ChildStdin, Command, Stdio},
     sync::OnceLock,
@@ -81,8 +81,16 @@ impl PgServer {
     }
 
     fn try_start() -> Result<Self, String> {
-        let bin = bin_dir()?;
-        remove_abandoned_servers(&bin);
+        // Once per test binary, and before any of its own folders exists: so a folder
+        // being made here is never taken for an abandoned one.
+        static PROGRAMS: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+        let bin = PROGRAMS
+            .get_or_init(|| {
+                let bin = bin_dir()?;
+                remove_abandoned_servers(&bin);
+                Ok(bin)
+            })
+            .clone()?;
         let dir = tempfile::Builder::new()
             .prefix(FOLDER_PREFIX)
             .tempdir()
@@ -116,7 +124,8 @@ impl PgServer {
         );
         openssl.args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"]);
         run(openssl.args(["-subj", "/CN=127.0.0.1", "-keyout", key, "-out", cert]))?;
-        run(&mut as_owner("chmod", &["600", key], server.dir.path()))?;
+        std::fs::set_permissions(server.dir.path().join(key), Permissions::from_mode(0o600))
+            .map_err(|err| format!("cannot make the test server's key private: {err}"))?;
         server.try_start_again()?;
         Ok(server)
     }
@@ -201,8 +210,15 @@ fn remove_abandoned_servers(bin: &Path) {
             .file_name()
             .and_then(|name| name.to_str())
             .is_some_and(|name| name.starts_with(FOLDER_PREFIX));
-        let abandoned =
-            ours && File::open(dir.join("lock")).is_ok_and(|lock| lock.try_lock().is_ok());
+        // A minute old at least: a younger one may be another run's, not yet locked.
+        let settled = || {
+            dir.metadata()
+                .and_then(|meta| meta.modified())
+                .is_ok_and(|made| made.elapsed().is_ok_and(|age| age.as_secs() >= 60))
+        };
+        let abandoned = ours
+            && settled()
+            && File::open(dir.join("lock")).is_ok_and(|lock| lock.try_lock().is_ok());
         if abandoned {
             let _ = stop_command(bin, &dir).output();
             let _ = std::fs::remove_dir_all(&dir);
@@ -241,9 +257,9 @@ fn bin_dir() -> Result<PathBuf, String> {
         .into_iter()
         .flatten()
         .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .map(|version| debian.join(version.to_string()).join("bin"))
-        .filter(|dir| has_initdb(dir))
-        .max();
+        .filter(|version| has_initdb(&debian.join(version.to_string()).join("bin")))
+        .max()
+        .map(|version| debian.join(version.to_string()).join("bin"));
     newest.ok_or_else(|| no_programs(&format!("{pg_config}; no /usr/lib/postgresql/*/bin/initdb")))
 }
 

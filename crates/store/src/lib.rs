@@ -11,10 +11,12 @@ use tokio::sync::watch;
 pub mod backend;
 mod error;
 mod log;
+mod time;
 mod webhooks;
 
 pub use error::StoreError;
-pub use log::{DeletionFilter, DeletionRecord, RestoreError, before_now};
+pub use log::{DeletionFilter, DeletionRecord, RestoreError};
+pub use time::{LAST_STORABLE_TIME, before_now, storable_after};
 pub use webhooks::{
     DeliveryReport, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
     NewEndpoint, ReplayOutcome, Signing, StreamPosition, Webhooks,
@@ -174,20 +176,4 @@ pub struct StoreSettings {
     pub acquire_timeout: std::time::Duration,
     /// How long after a delete a retry with its idempotency key is answered from the log.
     pub idempotency_ttl: std::time::Duration,
-}
-
-/// The last time every backend keeps in order: SQLite stores times as text, where a year
-/// past 9999 (`+10000-…`) would sort before every other.
-pub const LAST_STORABLE_TIME: DateTime<Utc> =
-    match DateTime::<Utc>::from_timestamp_secs(253_402_300_799) {
-        Some(time) => time,
-        None => panic!("9999-12-31T23:59:59Z is a time"),
-    };
-
-/// `span` after `from`; `None` past [`LAST_STORABLE_TIME`].
-pub fn storable_after(from: DateTime<Utc>, span: std::time::Duration) -> Option<DateTime<Utc>> {
-    chrono::Duration::from_std(span)
-        .ok()
-        .and_then(|span| from.checked_add_signed(span))
-        .filter(|time| *time <= LAST_STORABLE_TIME)
 }

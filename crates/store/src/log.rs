@@ -6,14 +6,6 @@ use serde_json::value::RawValue;
 
 use crate::StoreError;
 
-/// The moment `duration` before now; `None` when that is before any date the log can
-/// hold.
-pub fn before_now(duration: std::time::Duration) -> Option<DateTime<Utc>> {
-    chrono::Duration::from_std(duration)
-        .ok()
-        .and_then(|duration| Utc::now().checked_sub_signed(duration))
-}
-
 /// One entry of the deletion log (a row of `plantstore_deletions`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeletionRecord {
