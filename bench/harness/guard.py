@@ -64,13 +64,23 @@ def guard_targets(R: dict) -> list[dict]:
     for backend, runs in R.get("guard", {}).items():
         name = BACKEND_NAME[backend]
         for workload, builds in runs.items():
-            ratio, ratios = median_ratio(builds)
-            out.append(target(f"{name} {workload} c={CONNS}: after / before within "
-                              f"{WITHIN:.0%} (pairs {', '.join(fmt(r) for r in ratios)})",
-                              ratio, lambda r: abs(r - 1) <= WITHIN))
-        out.append(target(f"{name}: peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB",
-                          peak_rss(runs, "after"), lambda p: p <= RSS_LIMIT_MIB))
+            out.append(ratio_target(f"{name} {workload} c={CONNS}: after / before", builds,
+                                    WITHIN))
+        out.append(rss_target(f"{name}: peak RSS", runs, "after"))
     return out
+
+
+def ratio_target(what: str, builds: dict, within: float) -> dict:
+    """The median pair's after / before req/s within `within` of 1, each pair shown."""
+    ratio, ratios = median_ratio(builds)
+    return target(f"{what} within {within:.0%} (pairs {', '.join(fmt(r) for r in ratios)})",
+                  ratio, lambda r: abs(r - 1) <= within)
+
+
+def rss_target(what: str, runs: dict, build: str) -> dict:
+    """`build`'s highest peak RSS within the limit."""
+    return target(f"{what} at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB", peak_rss(runs, build),
+                  lambda p: p <= RSS_LIMIT_MIB)
 
 
 def median_ratio(builds: dict) -> tuple[float | None, list[float]]:
@@ -109,13 +119,10 @@ def profile_targets(R: dict) -> list[dict]:
     out = []
     for backend, runs in R.get("guard", {}).items():
         name = BACKEND_NAME[backend]
-        ratio, ratios = median_ratio(runs["hits"])
-        out.append(target(f"{name} hits c={CONNS}: thin / fat within {PROFILE_WITHIN:.0%} "
-                          f"(pairs {', '.join(fmt(r) for r in ratios)})",
-                          ratio, lambda r: abs(r - 1) <= PROFILE_WITHIN))
+        out.append(ratio_target(f"{name} hits c={CONNS}: thin / fat", runs["hits"],
+                                PROFILE_WITHIN))
         for build, label in (("before", "fat"), ("after", "thin")):
-            out.append(target(f"{name}: {label}'s peak RSS at c={CONNS} ≤ {RSS_LIMIT_MIB:g} MiB",
-                              peak_rss(runs, build), lambda p: p <= RSS_LIMIT_MIB))
+            out.append(rss_target(f"{name}: {label}'s peak RSS", runs, build))
     return out
 
 

@@ -71,10 +71,15 @@ def settings() -> Settings:
         profiles=(Path(os.environ["BENCH_PROFILES"])
                   if os.environ.get("BENCH_PROFILES") else None),
     )
-    if s.profiles and not (s.profiles / "builds.tsv").is_file():
-        sys.exit(f"bench: {s.profiles}/builds.tsv is missing; run bench/run --profiles "
-                 "without --no-build first")
-    raw = [] if s.profiles else [s.sqlite_raw_bin]
+    if s.profiles:
+        if not (s.profiles / "builds.tsv").is_file():
+            sys.exit(f"bench: {s.profiles}/builds.tsv is missing; run bench/run --profiles "
+                     "without --no-build first")
+        # The release profile's build is the baseline, the lighter one's is measured.
+        s.baseline = s.profiles / "fat/release/plantstore"
+        s.plantstore = s.profiles / "thin/release/plantstore"
+    # Only the full run measures the raw SQLite loop.
+    raw = [] if s.baseline else [s.sqlite_raw_bin]
     for b in (s.plantstore, *raw, *([s.baseline] if s.baseline else [])):
         if not os.access(b, os.X_OK):
             sys.exit(f"bench: {b} is missing; build it (bench/run without --no-build)")
