@@ -2,12 +2,14 @@
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
 //! route table, the operation, the error map) and `webhooks` (deletion events delivered to
-//! endpoints); `auth` (who is calling) and `telemetry` (logs, traces, metrics); `database`
-//! (the backend crates behind `plantstore_store`); `config` at the bottom. Public only what the binary, the tests and fuzz use.
+//! endpoints); `auth` (who is calling) and `telemetry` (logs, traces, metrics);
+//! `connection_limits` (client connections below HTTP); `database` (the backend crates
+//! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the tests and fuzz use.
 
 pub mod auth;
 pub mod cli;
 pub mod config;
+pub mod connection_limits;
 pub mod database;
 pub mod http;
 pub mod startup;

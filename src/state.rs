@@ -1,11 +1,8 @@
 //! What every request handler may reach; it depends on nothing of the HTTP layer above it.
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    time::Duration,
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
 };
 
 use plantstore_store::Store;
@@ -21,8 +18,6 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub tokens: Arc<TokenCache>,
     pub rate_limiter: Option<Arc<RateLimiter>>,
-    /// `PLANTSTORE_REQUEST_TIMEOUT`: how long any request may take before it is a 503.
-    pub request_timeout: Duration,
     pub metrics: Arc<Metrics>,
     /// JWTs from an identity provider, when the settings name one.
     pub jwt: Option<Arc<JwtVerifier>>,
@@ -61,7 +56,6 @@ impl AppState {
                 .rate_limit
                 .0
                 .map(|rate| Arc::new(RateLimiter::new(rate))),
-            request_timeout: config.request_timeout,
             metrics,
             jwt,
             draining: Draining::default(),

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use plantstore::http::head::{HeadScanner, HeadVerdict};
+use plantstore::connection_limits::head::{HeadScanner, HeadVerdict};
 
 #[derive(Debug, arbitrary::Arbitrary)]
 struct Input {
@@ -80,9 +80,9 @@ fuzz_target!(|input: Input| {
     } else {
         // A refusal needs more than the limit's worth of bytes.
         assert!(
-            single_end > plantstore::http::head::MAX_HEAD_BYTES
+            single_end > plantstore::connection_limits::head::MAX_HEAD_BYTES
                 || bytes[..single_end].iter().filter(|&&b| b == b'\n').count()
-                    > plantstore::http::head::MAX_HEADER_LINES
+                    > plantstore::connection_limits::head::MAX_HEADER_LINES
         );
     }
 });

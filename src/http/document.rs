@@ -4,11 +4,13 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use poem::{Endpoint, IntoResponse, Request, Response, Route, get, http::Method, web::Redirect};
+use poem::{
+    Endpoint, IntoResponse, PathPattern, Request, Response, Route, get, http::Method, web::Redirect,
+};
 use poem_openapi::{ContactObject, LicenseObject, OpenApiService, ServerObject};
 use serde_json::{Value, json};
 
-use super::{error::ApiError, idempotency_key, plants::PlantsApi, request_id};
+use super::{error::ApiError, idempotency_key, plants::PlantsApi, request_id, routes::RouteFacts};
 
 /// A rendering of the document that failed, so the service cannot serve it.
 #[derive(Debug, thiserror::Error)]
@@ -20,12 +22,14 @@ pub enum DocumentError {
 }
 
 /// The document's renderings, each kept as `Bytes` so an answer shares it rather than
-/// copying it (the Swagger UI page is over a megabyte).
+/// copying it (the Swagger UI page is over a megabyte), and the facts of the routes it
+/// declares.
 #[derive(Debug, Clone)]
 pub struct Documents {
     json: Bytes,
     yaml: Bytes,
     ui: Bytes,
+    route_facts: Arc<RouteFacts>,
 }
 
 impl Documents {
@@ -42,10 +46,15 @@ impl Documents {
         let document = completed(spec)?;
         let json = document.to_string();
         Ok(Self {
+            route_facts: Arc::new(RouteFacts::from_document(&document)),
             yaml: yaml(&document)?.into(),
             ui: ui.replace(spec, &json).into(),
             json: json.into(),
         })
+    }
+
+    pub(super) fn route_facts(&self) -> Arc<RouteFacts> {
+        Arc::clone(&self.route_facts)
     }
 
     /// `/openapi.json`, `/openapi.yaml` and `/docs`.
@@ -164,9 +173,20 @@ pub(super) async fn root_to_docs<E: Endpoint>(
     if req.uri().path() != "/" {
         return next.call(req).await.map(IntoResponse::into_response);
     }
+    // Named here, as the router names the routes it matched.
+    let route = PathPattern("/".into());
     match *req.method() {
-        Method::GET | Method::HEAD => Ok(Redirect::see_other("/docs").into_response()),
-        _ => Err(ApiError::MethodNotAllowed { allow: "GET" }.into()),
+        Method::GET | Method::HEAD => {
+            let mut response = Redirect::see_other("/docs").into_response();
+            response.set_data(route);
+            Ok(response)
+        }
+        _ => {
+            let allow = "GET".into();
+            let mut err = poem::Error::from(ApiError::MethodNotAllowed { allow });
+            err.set_data(route);
+            Err(err)
+        }
     }
 }
 

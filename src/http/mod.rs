@@ -1,36 +1,33 @@
 //! The HTTP layer's front door: the route table, every layer a response passes, and the
-//! servers that hold client connections to their limits.
+//! servers, whose client connections `connection_limits` holds to their limits.
 
 mod bearer;
-mod connections;
 mod cors;
 mod document;
 mod error;
+mod front_door;
 pub mod idempotency_key;
-mod middleware;
 mod ops;
-mod paths;
 mod plants;
 mod request_id;
+mod routes;
 
 use std::{future::Future, sync::Arc};
 
 use poem::{
-    Endpoint, EndpointExt, Response, Route, Server, error::ResponseError, get,
-    listener::TcpAcceptor, middleware::CatchPanic,
+    Endpoint, EndpointExt, Response, Route, Server, error::ResponseError, listener::TcpAcceptor,
+    middleware::CatchPanic,
 };
 
-pub use connections::head;
 pub use document::{DocumentError, Documents, document, yaml};
 
 use crate::{
     config::{CorsOrigins, ServeConfig},
+    connection_limits::CappedAcceptor,
     state::AppState,
-    telemetry::Metrics,
 };
-use connections::CappedAcceptor;
-use cors::CrossOrigin;
 use error::ApiError;
+use front_door::{AnswerContext, FrontDoor};
 
 /// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
 /// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
@@ -42,60 +39,62 @@ pub fn build(
 ) -> impl Endpoint<Output = Response> + use<> {
     let mut routes = documents.routes();
     if config.admin_listen.0.is_none() {
-        routes = with_ops(routes);
+        routes = ops::mount(routes);
     }
     let routes = routes
         .nest("/", document::service())
         .around(document::root_to_docs);
-    layered(routes, state, config.cors_allowed_origins.clone())
+    layered(routes, state, documents.route_facts(), config)
 }
 
 /// The app of `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints alone, in the same layers.
-pub fn build_admin(state: AppState) -> impl Endpoint<Output = Response> {
-    layered(with_ops(Route::new()), state, CorsOrigins::Off)
-}
-
-fn with_ops(routes: Route) -> Route {
-    routes
-        .at("/healthz", get(ops::healthz))
-        .at("/readyz", get(ops::readyz))
-        .at("/metrics", get(ops::metrics))
-}
-
-/// `routes` with the state, the request's deadline, every layer of `with_middleware`, and
-/// outermost the closing of connections while draining.
-fn layered(
-    routes: impl Endpoint + 'static,
+pub fn build_admin(
     state: AppState,
-    cors: CorsOrigins,
-) -> impl Endpoint<Output = Response> {
-    let limit = state.request_timeout;
-    let metrics = Arc::clone(&state.metrics);
-    let draining = state.draining.clone();
-    let routes = routes
-        .data(state)
-        .around(move |inner, req| middleware::deadline(inner, req, limit));
-    with_middleware(routes, metrics, cors)
-        .around(move |inner, req| middleware::close_while_draining(inner, req, draining.clone()))
+    config: &ServeConfig,
+) -> impl Endpoint<Output = Response> + use<> {
+    let config = ServeConfig {
+        cors_allowed_origins: CorsOrigins::Off,
+        ..config.clone()
+    };
+    with_layers(ops::mount(Route::new()), state, &config)
 }
 
-/// The layers every response passes: panics become a 500 `Error`, every other error its
-/// `Error`; then CORS headers for allowed origins; then the request context adds the
-/// request id, the log line and the count.
-pub fn with_middleware(
-    endpoint: impl Endpoint + 'static,
-    metrics: Arc<Metrics>,
-    cors: CorsOrigins,
-) -> impl Endpoint<Output = Response> {
-    let counted = Arc::clone(&metrics);
-    endpoint
+/// `routes` in the layers of `build`, for a route table of its own (a test's).
+pub fn with_layers<E: Endpoint + 'static>(
+    routes: E,
+    state: AppState,
+    config: &ServeConfig,
+) -> impl Endpoint<Output = Response> + use<E> {
+    layered(routes, state, Arc::default(), config)
+}
+
+/// `routes` in every layer a request passes, outermost first: the front door, CORS for
+/// allowed origins, the answer (state, deadline, errors), and panics as a 500 `Error`.
+fn layered<E: Endpoint + 'static>(
+    routes: E,
+    state: AppState,
+    route_facts: Arc<routes::RouteFacts>,
+    config: &ServeConfig,
+) -> impl Endpoint<Output = Response> + use<E> {
+    let door = Arc::new(FrontDoor {
+        metrics: Arc::clone(&state.metrics),
+        draining: state.draining.clone(),
+        routes: Arc::clone(&route_facts),
+    });
+    let context = Arc::new(AnswerContext {
+        state,
+        routes: route_facts,
+        request_timeout: config.request_timeout,
+    });
+    let cors = Arc::new(config.cors_allowed_origins.clone());
+    routes
         .with(CatchPanic::new().with_handler(|_| {
             tracing::error!("handler panicked");
             ApiError::Internal.as_response()
         }))
-        .around(move |inner, req| middleware::error_shape(inner, req, Arc::clone(&counted)))
-        .with(CrossOrigin(cors))
-        .around(move |inner, req| middleware::request_context(inner, req, Arc::clone(&metrics)))
+        .around(move |inner, req| front_door::answer(inner, req, Arc::clone(&context)))
+        .around(move |inner, req| cors::cross_origin(inner, req, Arc::clone(&cors)))
+        .around(move |inner, req| front_door::front_door(inner, req, Arc::clone(&door)))
 }
 
 /// Serves the public app on `acceptor`, each client connection held to its limits, and
@@ -110,12 +109,16 @@ pub(crate) async fn serve<Stop: Future<Output = ()>>(
     stop: impl Fn() -> Stop,
 ) -> std::io::Result<()> {
     let grace = Some(config.shutdown_grace);
-    let public = Server::new_with_acceptor(CappedAcceptor::new(acceptor, config.connections))
-        .run_with_graceful_shutdown(build(state.clone(), documents, config), stop(), grace);
+    let public = Server::new_with_acceptor(CappedAcceptor::new(
+        acceptor,
+        config.connections,
+        error::refused_head_answer,
+    ))
+    .run_with_graceful_shutdown(build(state.clone(), documents, config), stop(), grace);
     let admin = async {
         let Some(admin) = admin else { return Ok(()) };
         Server::new_with_acceptor(admin)
-            .run_with_graceful_shutdown(build_admin(state), stop(), grace)
+            .run_with_graceful_shutdown(build_admin(state, config), stop(), grace)
             .await
     };
     tokio::try_join!(public, admin).map(drop)

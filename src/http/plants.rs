@@ -11,7 +11,7 @@ use poem_openapi::{
 };
 
 use super::{
-    bearer::BearerAuth, error::ApiError, idempotency_key, middleware::RequestDeadline,
+    bearer::BearerAuth, error::ApiError, front_door::RequestDeadline, idempotency_key,
     request_id::RequestId,
 };
 use crate::state::AppState;

@@ -11,8 +11,6 @@ use metrics_exporter_prometheus::{
 };
 use plantstore_store::{CommitObserver, Store};
 
-use crate::auth::TokenCache;
-
 const REQUESTS: &str = "plantstore_http_requests_total";
 const LATENCY: &str = "plantstore_http_request_duration_seconds";
 const DELETIONS: &str = "plantstore_deletions_total";
@@ -160,9 +158,9 @@ impl Metrics {
         ))
     }
 
-    pub fn answered(&self, route: &'static str, method: &str, status: u16, took: Duration) {
+    pub fn answered(&self, route: Arc<str>, method: &str, status: u16, took: Duration) {
         let labels = [
-            Label::new("route", route),
+            Label::new("route", SharedString::from(Arc::clone(&route))),
             Label::new("method", SharedString::from(method.to_owned())),
             Label::new("status", SharedString::from(status.to_string())),
         ];
@@ -223,8 +221,8 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text, with the pool, the queue and the token cache read now.
-    pub fn render(&self, store: &dyn Store, tokens: &TokenCache) -> String {
+    /// The Prometheus text, with the pool, the queue and the token cache's counts read now.
+    pub fn render(&self, store: &dyn Store, tokens: TokenCacheCounts) -> String {
         let stats = store.stats();
         let in_use = (stats.pool_size as usize).saturating_sub(stats.pool_idle);
         for (state, count) in [("idle", stats.pool_idle), ("in_use", in_use)] {
@@ -236,7 +234,7 @@ impl Metrics {
         self.recorder
             .register_gauge(&Key::from_name(QUEUED), &METADATA)
             .set(stats.queued as f64);
-        for (result, count) in [("hit", tokens.hits()), ("miss", tokens.misses())] {
+        for (result, count) in [("hit", tokens.hits), ("miss", tokens.misses)] {
             let key = labelled(TOKEN_LOOKUPS, "result", result);
             self.recorder
                 .register_counter(&key, &METADATA)
@@ -244,9 +242,17 @@ impl Metrics {
         }
         self.recorder
             .register_counter(&Key::from_name(TOKEN_RELOADS), &METADATA)
-            .absolute(tokens.reloads());
+            .absolute(tokens.reloads);
         self.handle.render()
     }
+}
+
+/// The token cache's lookups and reloads since start, as `render` shows them.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenCacheCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub reloads: u64,
 }
 
 /// The series `name` with one label.

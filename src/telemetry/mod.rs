@@ -6,7 +6,7 @@ mod error_line;
 mod metrics;
 
 pub use error_line::one_line;
-pub use metrics::{EndpointMetrics, Metrics};
+pub use metrics::{EndpointMetrics, Metrics, TokenCacheCounts};
 
 use std::{
     io::{BufWriter, IsTerminal},

@@ -307,3 +307,27 @@ async fn the_idempotency_key_and_its_answers_are_declared() {
     let reused = &operation["responses"]["422"]["content"]["application/json"]["example"];
     assert_eq!(reused["error"], 422);
 }
+
+/// The connection limits (`src/connection_limits/head.rs`) take the bytes after a head as
+/// its body only until the server starts answering; an operation that read a body would let
+/// hyper write `100 Continue` mid-body, and the rest of the body would be scanned as the
+/// next head. An operation that gains a body fails here: the scanner must learn bodies first.
+#[tokio::test]
+async fn no_operation_reads_a_request_body() {
+    let app = spawn_app(Backend::Sqlite).await;
+    let served: Value = app.get("/openapi.json").await.json().await.expect("JSON");
+    let operations: Vec<(&String, &Value)> = served["paths"]
+        .as_object()
+        .expect("paths")
+        .values()
+        .flat_map(|methods| methods.as_object().expect("methods"))
+        .collect();
+    assert!(!operations.is_empty(), "the check sees the operations");
+    for (method, operation) in operations {
+        assert!(
+            operation.get("requestBody").is_none(),
+            "{method} {} reads a body",
+            operation["operationId"]
+        );
+    }
+}

@@ -44,8 +44,21 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         &["cli", "http", "startup", "state", "telemetry", "webhooks"],
     ),
     (
+        "connection_limits",
+        &[
+            "auth",
+            "cli",
+            "database",
+            "http",
+            "startup",
+            "state",
+            "telemetry",
+            "webhooks",
+        ],
+    ),
+    (
         "telemetry",
-        &["cli", "http", "startup", "state", "webhooks"],
+        &["auth", "cli", "http", "startup", "state", "webhooks"],
     ),
     ("webhooks", &["auth", "cli", "http", "startup", "state"]),
     ("state", &["cli", "http", "startup"]),

@@ -56,6 +56,20 @@ async fn every_counter_moves_by_what_the_requests_did(backend: Backend) {
         .expect("answer");
     assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(app.get("/healthz").await.status(), StatusCode::OK);
+    // The route's label comes from the router: a refused method is still its route's, a
+    // path no route matches is `other` (so invented paths make no new series).
+    assert_eq!(
+        app.get("/plants/1").await.status(),
+        StatusCode::METHOD_NOT_ALLOWED
+    );
+    assert_eq!(
+        app.get("/no/such/path").await.status(),
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(app.get("/openapi.json").await.status(), StatusCode::OK);
+    let root = app.client.get(format!("{}/", app.address));
+    let root = root.send().await.expect("answer");
+    assert_eq!(root.status(), StatusCode::OK, "redirected to Swagger UI");
     let after = scrape(&app).await;
 
     let moved = |series: &str| {
@@ -71,11 +85,16 @@ async fn every_counter_moves_by_what_the_requests_did(backend: Backend) {
     assert_eq!(requests("DELETE", "/plants/{id}", 400), 1.0);
     assert_eq!(requests("DELETE", "/plants/{id}", 401), 3.0);
     assert_eq!(requests("GET", "/healthz", 200), 1.0);
+    assert_eq!(requests("GET", "/plants/{id}", 405), 1.0);
+    assert_eq!(requests("GET", "other", 404), 1.0);
+    assert_eq!(requests("GET", "/openapi.json", 200), 1.0);
+    assert_eq!(requests("GET", "/", 303), 1.0);
+    assert_eq!(requests("GET", "/docs", 200), 1.0);
     // The first scrape is counted once it has been answered.
     assert_eq!(requests("GET", "/metrics", 200), 1.0);
     assert_eq!(
         moved(r#"plantstore_http_request_duration_seconds_count{route="/plants/{id}"}"#),
-        6.0
+        7.0
     );
     assert_eq!(moved("plantstore_deletions_total"), 1.0);
     for (reason, count) in [

@@ -3,7 +3,7 @@
 use reqwest::{Method, StatusCode, header};
 
 use crate::{
-    helpers::{Backend, assert_error, assert_request_id, spawn_app},
+    helpers::{Backend, TestDb, assert_error, assert_request_id, spawn_app, test_config},
     on_both_backends,
 };
 
@@ -61,10 +61,15 @@ fn panicking() -> &'static str {
 /// the very middleware the app uses.
 #[tokio::test]
 async fn a_panic_is_a_500_error_without_internals() {
-    let app = plantstore::http::with_middleware(
+    let db = TestDb::new(Backend::Sqlite).await;
+    let config = test_config(&db.url);
+    let store = plantstore::database::open(&config).await.expect("store");
+    let metrics = std::sync::Arc::new(plantstore::telemetry::Metrics::new().expect("metrics"));
+    let state = plantstore::state::AppState::new(store, &config.serve, metrics, None);
+    let app = plantstore::http::with_layers(
         poem::Route::new().at("/boom", poem::get(panicking)),
-        std::sync::Arc::new(plantstore::telemetry::Metrics::new().expect("metrics")),
-        plantstore::config::CorsOrigins::Off,
+        state,
+        &config.serve,
     );
     let acceptor =
         poem::listener::Listener::into_acceptor(poem::listener::TcpListener::bind("127.0.0.1:0"))

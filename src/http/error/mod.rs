@@ -4,9 +4,11 @@
 
 mod openapi;
 
+use std::sync::Arc;
+
 use plantstore_store::StoreError;
 use poem::{
-    Response,
+    PathPattern, Response,
     error::{MethodNotAllowedError, NotFoundError, ResponseError},
     http::{HeaderName, HeaderValue, StatusCode},
 };
@@ -15,8 +17,15 @@ use poem_openapi::{
     error::{AuthorizationError, ParsePathError},
 };
 
-use super::idempotency_key::{self, InvalidKey};
-use crate::auth::{AuthFailure, rate_limit::RateLimited};
+use super::{
+    idempotency_key::{self, InvalidKey},
+    request_id::{self, RequestId},
+    routes::RouteFacts,
+};
+use crate::{
+    auth::{AuthFailure, rate_limit::RateLimited},
+    connection_limits::{HeadRefusal, head},
+};
 
 /// What the service answers to a client's mistake or its own failure.
 #[derive(Debug, thiserror::Error)]
@@ -37,7 +46,8 @@ pub(super) enum ApiError {
     #[error("no route")]
     RouteNotFound,
     #[error("method not allowed")]
-    MethodNotAllowed { allow: &'static str },
+    /// `allow`: the methods the route answers, as the `Allow` header lists them.
+    MethodNotAllowed { allow: Arc<str> },
     #[error("plant {0} is still referenced")]
     PlantReferenced(i64),
     #[error(transparent)]
@@ -161,11 +171,17 @@ impl ApiError {
             ApiError::RouteNotFound => {
                 Answer::new(S::NOT_FOUND, "There is no endpoint at this path.")
             }
-            ApiError::MethodNotAllowed { allow } => Answer::new(
-                S::METHOD_NOT_ALLOWED,
-                format!("This method is not allowed on this path; use {allow}."),
-            )
-            .with("Allow", HeaderValue::from_static(allow)),
+            ApiError::MethodNotAllowed { allow } => {
+                let answer = Answer::new(
+                    S::METHOD_NOT_ALLOWED,
+                    format!("This method is not allowed on this path; use {allow}."),
+                );
+                // Method names are tokens, always a valid header value.
+                match HeaderValue::from_str(allow) {
+                    Ok(allow) => answer.with("Allow", allow),
+                    Err(_) => answer,
+                }
+            }
             ApiError::PlantReferenced(id) => Answer::new(
                 S::CONFLICT,
                 format!(
@@ -229,9 +245,9 @@ impl ApiError {
     }
 
     /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
-    /// `token_sent` and `allow` (the methods of the request's path) describe the request,
-    /// for the headers the answer needs.
-    pub(super) fn from_poem(err: poem::Error, token_sent: bool, allow: &'static str) -> Self {
+    /// `token_sent` describes the request and `routes` the route it matched, for the
+    /// headers the answer needs.
+    pub(super) fn from_poem(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> Self {
         let err = match err.downcast::<ApiError>() {
             Ok(ours) => return ours,
             Err(other) => other,
@@ -248,7 +264,9 @@ impl ApiError {
         } else if err.is::<NotFoundError>() {
             ApiError::RouteNotFound
         } else if err.is::<MethodNotAllowedError>() {
-            ApiError::MethodNotAllowed { allow }
+            ApiError::MethodNotAllowed {
+                allow: routes.allowed_methods(err.data::<PathPattern>()),
+            }
         } else if err.status().is_server_error() {
             tracing::error!(error = %err, "unexpected error");
             ApiError::Internal
@@ -291,6 +309,41 @@ impl ResponseError for ApiError {
         }
         response
     }
+}
+
+/// A request head the connection limits refused: the same answer as the error's response,
+/// as HTTP/1.1 bytes written straight to the client connection from below hyper, which is
+/// closed after it.
+pub(super) fn refused_head_answer(refusal: HeadRefusal) -> Vec<u8> {
+    let error = match refusal {
+        HeadRefusal::TooSlow => ApiError::HeaderTimeout,
+        HeadRefusal::UriTooLong => ApiError::UriTooLong {
+            max_bytes: head::MAX_HEAD_BYTES,
+        },
+        HeadRefusal::TooLarge => ApiError::HeadTooLarge {
+            max_bytes: head::MAX_HEAD_BYTES,
+            max_lines: head::MAX_HEADER_LINES,
+        },
+    };
+    let request_id = RequestId::generate();
+    tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
+    let response = error.as_response();
+    let body = error.json();
+    let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
+    for (name, value) in response.headers() {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    let rest = format!(
+        "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
+        request_id::HEADER,
+        body.len()
+    );
+    out.extend_from_slice(rest.as_bytes());
+    out.extend_from_slice(&body);
+    out
 }
 
 impl From<StoreError> for ApiError {

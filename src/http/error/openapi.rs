@@ -30,7 +30,9 @@ impl ApiError {
             ),
             (ApiError::PlantNotFound(42), "No plant with that id"),
             (
-                ApiError::MethodNotAllowed { allow: "DELETE" },
+                ApiError::MethodNotAllowed {
+                    allow: "DELETE".into(),
+                },
                 "Method not allowed on this path",
             ),
             (

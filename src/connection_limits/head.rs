@@ -71,7 +71,8 @@ impl HeadScanner {
     }
 
     /// The server started writing an answer: what the client sends next is a new head.
-    /// (The service never reads a body, so hyper never writes `100 Continue` mid-body.)
+    /// (No operation reads a body, so hyper never writes `100 Continue` mid-body: the
+    /// test `no_operation_reads_a_request_body` holds the service to that.)
     pub fn answered(&mut self) {
         if self.phase == Phase::Body {
             self.phase = Phase::Idle;

@@ -1,6 +1,7 @@
-//! Client connections: how many may be open at once (`PLANTSTORE_MAX_CONNECTIONS`), how
-//! long one may stay silent (`PLANTSTORE_IDLE_TIMEOUT`), how long a request head may take
-//! to arrive (`PLANTSTORE_HEADER_TIMEOUT`) and how large it may be.
+//! Client connections' limits, kept below HTTP: how many may be open at once
+//! (`PLANTSTORE_MAX_CONNECTIONS`), how long one may stay silent (`PLANTSTORE_IDLE_TIMEOUT`),
+//! how long a request head may take to arrive (`PLANTSTORE_HEADER_TIMEOUT`) and how large
+//! it may be. The HTTP layer says what a refused head is answered with.
 
 pub mod head;
 
@@ -14,7 +15,6 @@ use std::{
 };
 
 use poem::{
-    error::ResponseError,
     http::uri::Scheme,
     listener::Acceptor,
     web::{LocalAddr, RemoteAddr},
@@ -25,10 +25,6 @@ use tokio::{
     time::{Instant, Sleep},
 };
 
-use super::{
-    error::ApiError,
-    request_id::{self, RequestId},
-};
 use crate::config::ConnectionConfig;
 use head::{HeadScanner, HeadVerdict};
 
@@ -37,20 +33,37 @@ use head::{HeadScanner, HeadVerdict};
 /// would reset the connection and lose the answer), short enough to cost little.
 const LINGER: Duration = Duration::from_secs(2);
 
+/// Why a request head was refused before HTTP saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeadRefusal {
+    /// It did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
+    TooSlow,
+    /// Its request line is longer than `head::MAX_HEAD_BYTES`.
+    UriTooLong,
+    /// It is longer than `head::MAX_HEAD_BYTES` or has more than `head::MAX_HEADER_LINES`.
+    TooLarge,
+}
+
+/// The whole HTTP/1.1 answer, as bytes, that a refused head gets before its connection
+/// closes.
+pub type RefusalAnswer = fn(HeadRefusal) -> Vec<u8>;
+
 /// Accepts a connection only while fewer than the cap are open; past it, new ones wait in
 /// the kernel's backlog until one closes. Every connection it hands out is a `ClientConnection`.
-pub(super) struct CappedAcceptor<A> {
+pub struct CappedAcceptor<A> {
     inner: A,
     slots: Arc<Semaphore>,
     limits: ConnectionConfig,
+    answer: RefusalAnswer,
 }
 
 impl<A> CappedAcceptor<A> {
-    pub(super) fn new(inner: A, limits: ConnectionConfig) -> Self {
+    pub fn new(inner: A, limits: ConnectionConfig, answer: RefusalAnswer) -> Self {
         Self {
             inner,
             slots: Arc::new(Semaphore::new((limits.max_connections as usize).max(1))),
             limits,
+            answer,
         }
     }
 }
@@ -76,6 +89,7 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
             // The first head's clock runs from the connection's start.
             head_clock: Some(Box::pin(tokio::time::sleep(self.limits.header_timeout))),
             heads: HeadScanner::default(),
+            answer: self.answer,
             refusal: None,
         };
         Ok((guarded, local, remote, scheme))
@@ -84,10 +98,10 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
 
 /// A connection that gives its slot back when it closes; fails its read when the client
 /// has sent nothing for the idle timeout; and answers a request head that is too slow or
-/// too large itself, with the service's `Error` body, then closes. Done here, below HTTP,
-/// because poem's idle timeout waits forever for a head that stopped halfway, poem sets no
-/// header timeout on hyper, and hyper answers an oversized head with a bare status.
-pub(super) struct ClientConnection<T> {
+/// too large itself, with the answer the HTTP layer gave, then closes. Done here, below
+/// HTTP, because poem's idle timeout waits forever for a head that stopped halfway, poem
+/// sets no header timeout on hyper, and hyper answers an oversized head with a bare status.
+pub struct ClientConnection<T> {
     io: T,
     _slot: OwnedSemaphorePermit,
     limits: ConnectionConfig,
@@ -95,6 +109,7 @@ pub(super) struct ClientConnection<T> {
     /// Runs while a head is awaited or arriving; `None` between requests.
     head_clock: Option<Pin<Box<Sleep>>>,
     heads: HeadScanner,
+    answer: RefusalAnswer,
     refusal: Option<RefusedHead>,
 }
 
@@ -108,11 +123,9 @@ struct RefusedHead {
 }
 
 impl<T: AsyncRead + AsyncWrite + Unpin> ClientConnection<T> {
-    fn refuse(&mut self, error: ApiError) {
-        let request_id = RequestId::generate();
-        tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
+    fn refuse(&mut self, refusal: HeadRefusal) {
         self.refusal = Some(RefusedHead {
-            answer: http1_answer(&error, &request_id),
+            answer: (self.answer)(refusal),
             written: 0,
             shut: false,
             linger: Box::pin(tokio::time::sleep(LINGER)),
@@ -152,20 +165,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientConnection<T> {
     }
 
     /// Looks at bytes just read: starts or stops the head clock, or refuses the head.
-    fn inspect(&mut self, bytes: &[u8]) -> Result<(), ApiError> {
+    fn inspect(&mut self, bytes: &[u8]) -> Result<(), HeadRefusal> {
         match self.heads.feed(bytes) {
             HeadVerdict::WithinLimits => {}
-            HeadVerdict::UriTooLong => {
-                return Err(ApiError::UriTooLong {
-                    max_bytes: head::MAX_HEAD_BYTES,
-                });
-            }
-            HeadVerdict::HeadTooLarge => {
-                return Err(ApiError::HeadTooLarge {
-                    max_bytes: head::MAX_HEAD_BYTES,
-                    max_lines: head::MAX_HEADER_LINES,
-                });
-            }
+            HeadVerdict::UriTooLong => return Err(HeadRefusal::UriTooLong),
+            HeadVerdict::HeadTooLarge => return Err(HeadRefusal::TooLarge),
         }
         if !self.heads.awaiting_head() {
             self.head_clock = None;
@@ -189,7 +193,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientConnection<T> {
             // Nothing of a request arrived: nobody to answer.
             return Poll::Ready(Err(io::ErrorKind::TimedOut.into()));
         }
-        self.refuse(ApiError::HeaderTimeout);
+        self.refuse(HeadRefusal::TooSlow);
         self.poll_refused_head(cx)
     }
 }
@@ -257,26 +261,4 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for ClientConnection<T> {
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
     }
-}
-
-/// The same answer as the error's response, as HTTP/1.1 bytes to write straight to the
-/// client connection from below hyper, which is closed after it.
-fn http1_answer(error: &ApiError, request_id: &RequestId) -> Vec<u8> {
-    let response = error.as_response();
-    let body = error.json();
-    let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
-    for (name, value) in response.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    let rest = format!(
-        "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        request_id::HEADER,
-        body.len()
-    );
-    out.extend_from_slice(rest.as_bytes());
-    out.extend_from_slice(&body);
-    out
 }
