@@ -118,8 +118,8 @@ pub fn yaml(document: &Value) -> Result<String, DocumentError> {
     Ok(serde_yaml::to_string(document)?)
 }
 
-/// poem-openapi's document `spec`, with an example `Error` body for each error status, the
-/// Idempotency-Key's rules and `x-request-id` on every response.
+/// poem-openapi's document `spec`, with an example `Error` body for each error status and
+/// `x-request-id` on every response.
 fn completed(spec: &str) -> Result<Value, DocumentError> {
     let mut document: Value = serde_json::from_str(spec)?;
     let operations = document["paths"]
@@ -129,17 +129,6 @@ fn completed(spec: &str) -> Result<Value, DocumentError> {
         .filter_map(Value::as_object_mut)
         .flat_map(|methods| methods.values_mut());
     for operation in operations {
-        // poem-openapi would check these itself, with its own error; the handler does. No
-        // example: Swagger UI would fill it in, and every Try it out would share one key.
-        let parameters = operation["parameters"].as_array_mut().into_iter().flatten();
-        for parameter in parameters.filter(|p| p["name"] == idempotency_key::HEADER) {
-            parameter["schema"] = json!({
-                "type": "string",
-                "minLength": 1,
-                "maxLength": 2 * idempotency_key::MAX_LEN + 2,
-                "pattern": idempotency_key::PATTERN,
-            });
-        }
         let responses = operation["responses"].as_object_mut().into_iter().flatten();
         for (status, response) in responses {
             // poem-openapi writes a response header's name in capitals; the draft's spelling.

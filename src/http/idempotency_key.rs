@@ -1,9 +1,15 @@
 //! The `Idempotency-Key` request header (draft-ietf-httpapi-idempotency-key-header): what
-//! a valid key is.
+//! a valid key is, and the operation's parameter that reads it.
 
 use std::sync::Arc;
 
-use poem::http::HeaderMap;
+use poem::{Request, RequestBody, http::HeaderMap};
+use poem_openapi::{
+    ApiExtractor, ApiExtractorType, ExtractParamOptions,
+    registry::{MetaParamIn, MetaSchema, MetaSchemaRef},
+};
+
+use super::error::ApiError;
 
 pub const HEADER: &str = "Idempotency-Key";
 /// The response header that marks a repeated 204.
@@ -20,9 +26,47 @@ pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,
 #[error("the Idempotency-Key header is not a valid key")]
 pub struct InvalidKey;
 
+/// The operation's `Idempotency-Key` parameter: the request's key, or none without the
+/// header. poem-openapi's `Header<String>` would take a value that is not text as no
+/// header at all, and the first of several; this reads every value sent, and documents
+/// the header's real rules.
+#[derive(Debug, Clone, Default)]
+pub(super) struct IdempotencyKey(pub Option<Arc<str>>);
+
+impl<'a> ApiExtractor<'a> for IdempotencyKey {
+    const TYPES: &'static [ApiExtractorType] = &[ApiExtractorType::Parameter];
+
+    type ParamType = ();
+    type ParamRawType = ();
+
+    fn param_in() -> Option<MetaParamIn> {
+        Some(MetaParamIn::Header)
+    }
+
+    /// No example: Swagger UI would fill it in, and every Try it out would share one key.
+    fn param_schema_ref() -> Option<MetaSchemaRef> {
+        Some(MetaSchemaRef::Inline(Box::new(MetaSchema {
+            min_length: Some(1),
+            // The longest key, quoted with every character escaped.
+            max_length: Some(2 * MAX_LEN + 2),
+            pattern: Some(PATTERN.to_owned()),
+            ..MetaSchema::new("string")
+        })))
+    }
+
+    async fn from_request(
+        request: &'a Request,
+        _body: &mut RequestBody,
+        _options: ExtractParamOptions<()>,
+    ) -> poem::Result<Self> {
+        let key = from_headers(request.headers()).map_err(ApiError::from)?;
+        Ok(Self(key))
+    }
+}
+
 /// The request's key: none without the header; `InvalidKey` when it is sent twice or is
 /// not a valid key.
-pub fn from_headers(headers: &HeaderMap) -> Result<Option<Arc<str>>, InvalidKey> {
+fn from_headers(headers: &HeaderMap) -> Result<Option<Arc<str>>, InvalidKey> {
     let mut values = headers.get_all(HEADER).iter();
     let Some(value) = values.next() else {
         return Ok(None);

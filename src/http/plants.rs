@@ -5,14 +5,11 @@ use std::sync::Arc;
 
 use plantstore_store::{Deleted, Deletion, StoreError};
 use poem::{Request, web::Data};
-use poem_openapi::{
-    ApiResponse, OpenApi, Tags,
-    param::{Header, Path},
-};
+use poem_openapi::{ApiResponse, OpenApi, Tags, param::Path};
 
 use super::{
-    bearer::BearerAuth, error::ApiError, front_door::RequestDeadline, idempotency_key,
-    request_id::RequestId,
+    bearer::BearerAuth, error::ApiError, front_door::RequestDeadline,
+    idempotency_key::IdempotencyKey, request_id::RequestId,
 };
 use crate::state::AppState;
 
@@ -63,14 +60,11 @@ impl PlantsApi {
         /// A first try that answered 404, 409 or 503 did nothing and is simply tried again.
         /// 1 to 255 printable ASCII characters, bare or as a quoted string ("key").
         #[oai(name = "Idempotency-Key")]
-        idempotency_key: Header<Option<String>>,
+        idempotency_key: IdempotencyKey,
         state: Data<&AppState>,
         request_id: Data<&RequestId>,
         request: &Request,
     ) -> Result<PlantDeleted, ApiError> {
-        // Read from the headers themselves: poem-openapi takes a value that is not text as
-        // no header at all, and the first of several.
-        let idempotency_key = idempotency_key::from_headers(request.headers())?;
         // Set by the `deadline` layer, which every request passes through.
         let deadline = request
             .data::<RequestDeadline>()
@@ -79,7 +73,7 @@ impl PlantsApi {
             plant_id: id.0,
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
-            idempotency_key,
+            idempotency_key: idempotency_key.0,
             deadline: deadline.0,
         };
         match state.store.delete_plant(deletion).await {
