@@ -3,13 +3,15 @@
 
 use std::sync::Arc;
 
-use poem::{Request, RequestBody, http::HeaderMap};
+use poem::{
+    Request, RequestBody,
+    error::ResponseError,
+    http::{HeaderMap, StatusCode},
+};
 use poem_openapi::{
     ApiExtractor, ApiExtractorType, ExtractParamOptions,
     registry::{MetaParamIn, MetaSchema, MetaSchemaRef},
 };
-
-use super::error::ApiError;
 
 pub const HEADER: &str = "Idempotency-Key";
 /// The response header that marks a repeated 204.
@@ -21,10 +23,16 @@ pub const MAX_LEN: usize = 255;
 /// where `"` and `\` are escaped.
 pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
 
-/// A header that is not one valid key (the HTTP layer answers it with a 400).
+/// A header that is not one valid key (the HTTP layer answers it with a 400 `Error`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the Idempotency-Key header is not a valid key")]
 pub struct InvalidKey;
+
+impl ResponseError for InvalidKey {
+    fn status(&self) -> StatusCode {
+        StatusCode::BAD_REQUEST
+    }
+}
 
 /// The operation's `Idempotency-Key` parameter: the request's key, or none without the
 /// header. poem-openapi's `Header<String>` would take a value that is not text as no
@@ -59,8 +67,7 @@ impl<'a> ApiExtractor<'a> for IdempotencyKey {
         _body: &mut RequestBody,
         _options: ExtractParamOptions<()>,
     ) -> poem::Result<Self> {
-        let key = from_headers(request.headers()).map_err(ApiError::from)?;
-        Ok(Self(key))
+        Ok(Self(from_headers(request.headers())?))
     }
 }
 

@@ -254,6 +254,8 @@ impl ApiError {
         };
         if err.is::<ParsePathError>() {
             ApiError::InvalidPlantId
+        } else if err.is::<InvalidKey>() {
+            ApiError::InvalidIdempotencyKey(InvalidKey)
         } else if err.is::<AuthorizationError>() {
             // poem-openapi found no `Bearer <token>` in the header.
             ApiError::Unauthorized(if token_sent {
