@@ -6,18 +6,23 @@ use std::sync::Arc;
 use anyhow::Context;
 use plantstore_postgres::PostgresStore;
 use plantstore_sqlite::SqliteStore;
-use plantstore_store::{Store, StoreError, StoreSettings};
+use plantstore_store::{CommitObserver, Store, StoreError, StoreSettings};
 
 use crate::config::{Backend, Config, DatabaseUrl};
 
 /// Connects to the configured database and makes sure its schema is usable: migrated when
 /// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
-/// migrations leave alone may have an `id` the service cannot delete by).
-pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+/// migrations leave alone may have an `id` the service cannot delete by). A serving
+/// instance hands `commit_observer` its metrics' batch sizes; a command, none.
+pub async fn open(
+    config: &Config,
+    commit_observer: Option<Arc<dyn CommitObserver>>,
+) -> anyhow::Result<Arc<dyn Store>> {
     let settings = StoreSettings {
         max_connections: config.db_max_connections,
         acquire_timeout: config.db_acquire_timeout,
         idempotency_ttl: config.serve.idempotency_ttl,
+        commit_observer,
     };
     let store = connect(&config.database_url, settings)
         .await

@@ -33,7 +33,8 @@ pub struct Application {
 impl Application {
     pub async fn build(config: &Config) -> anyhow::Result<Self> {
         let documents = Documents::render().context("cannot render the OpenAPI document")?;
-        let store = database::open(config).await?;
+        let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
+        let store = database::open(config, Some(metrics.batch_sizes())).await?;
         let (acceptor, address) = bind(config.serve.listen).await?;
         let admin = match config.serve.admin_listen.0 {
             Some(admin) => Some(bind(admin).await?),
@@ -44,7 +45,6 @@ impl Application {
         let initial_token = tokens::ensure_initial(store.as_ref())
             .await
             .context("cannot create the initial token")?;
-        let metrics = Arc::new(Metrics::new().context("cannot set up metrics")?);
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
         let deliveries = Deliveries::new(
             Arc::clone(&store),

@@ -48,7 +48,6 @@ impl AppState {
         metrics: Arc<Metrics>,
         jwt: Option<Arc<JwtVerifier>>,
     ) -> Self {
-        store.observe(metrics.batch_sizes());
         Self {
             tokens: TokenCache::new(Arc::clone(&store)),
             store,

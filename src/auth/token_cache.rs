@@ -180,6 +180,7 @@ mod tests {
             max_connections: 2,
             acquire_timeout: StdDuration::from_secs(3),
             idempotency_ttl: StdDuration::from_secs(60),
+            commit_observer: None,
         };
         let store: Arc<dyn Store> =
             Arc::new(SqliteStore::connect(&url, settings).await.expect("open"));

@@ -3,7 +3,7 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{Store, StoreError, TokenRecord, storable_after};
+use plantstore_store::{Store, StoreError, TokenRecord, time::storable_after};
 use rand::{Rng, distr::Alphanumeric};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
-use plantstore_store::{DeletionFilter, DeletionRecord, Store, before_now};
+use plantstore_store::{DeletionFilter, DeletionRecord, Store, time::before_now};
 use serde_json::value::RawValue;
 
 use super::output::{out, time};

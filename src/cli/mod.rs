@@ -136,7 +136,7 @@ impl Cli {
             }
             Command::Migrate => {
                 config.migrate = true;
-                database::open(&config).await?.close().await;
+                database::open(&config, None).await?.close().await;
                 out!("migrations applied");
                 Ok(())
             }
@@ -151,19 +151,19 @@ impl Cli {
                 Ok(())
             }
             Command::Token(command) => {
-                let store = database::open(&config).await?;
+                let store = database::open(&config, None).await?;
                 let outcome = tokens::run(store.as_ref(), command).await;
                 store.close().await;
                 outcome
             }
             Command::Deletions(command) => {
-                let store = database::open(&config).await?;
+                let store = database::open(&config, None).await?;
                 let outcome = deletions::run(store.as_ref(), command).await;
                 store.close().await;
                 outcome
             }
             Command::Webhooks(command) => {
-                let store = database::open(&config).await?;
+                let store = database::open(&config, None).await?;
                 let outcome = webhooks::run(store.as_ref(), command).await;
                 store.close().await;
                 outcome
@@ -176,7 +176,7 @@ impl Cli {
                 Ok(())
             }
             Command::Seed { count } => {
-                let store = database::open(&config).await?;
+                let store = database::open(&config, None).await?;
                 let added = store.seed_plants(count).await;
                 store.close().await;
                 out!("added {} missing demo plants with ids 1..={count}", added?);

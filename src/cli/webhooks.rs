@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::{
     EndpointRecord, EventKind, EventKinds, NewEndpoint, ReplayOutcome, Store, StoreError,
-    storable_after,
+    time::storable_after,
 };
 
 use super::output::{out, time};

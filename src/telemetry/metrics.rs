@@ -261,6 +261,7 @@ fn labelled(name: &'static str, label: &'static str, value: impl Into<SharedStri
 }
 
 /// The store's group commits, as a histogram of their sizes.
+#[derive(Debug)]
 struct BatchSizes(Histogram);
 
 impl CommitObserver for BatchSizes {

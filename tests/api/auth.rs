@@ -158,7 +158,7 @@ async fn a_token_over_the_rate_limit_gets_429(backend: Backend) {
 
 /// The store as the CLI opens it, on the app's database.
 async fn open_store(app: &TestApp) -> std::sync::Arc<dyn plantstore_store::Store> {
-    database::open(&test_config(&app.db.url))
+    database::open(&test_config(&app.db.url), None)
         .await
         .expect("store opens")
 }

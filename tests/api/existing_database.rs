@@ -129,7 +129,7 @@ async fn with_migrate_off_an_existing_schema_is_used_as_it_is(backend: Backend) 
     db.execute(OWNER_SCHEMA).await;
     // The service's own tables come from one `plantstore migrate`, as
     // docs/existing-database.md says.
-    plantstore::database::open(&test_config(&db.url))
+    plantstore::database::open(&test_config(&db.url), None)
         .await
         .expect("migrate")
         .close()

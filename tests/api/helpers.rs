@@ -350,7 +350,7 @@ impl TestApp {
 
     /// A new token named `name`, made as `plantstore token create` makes it.
     pub async fn new_token(&self, name: &str) -> String {
-        let store = plantstore::database::open(&test_config(&self.db.url))
+        let store = plantstore::database::open(&test_config(&self.db.url), None)
             .await
             .expect("the store opens");
         let token = plantstore::auth::tokens::create(store.as_ref(), name, None)

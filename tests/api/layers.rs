@@ -105,7 +105,7 @@ fn identity_storage_and_telemetry_stay_below_http() {
 
 #[test]
 fn the_storage_crates_depend_on_no_http_or_metrics_crate() {
-    for krate in ["store", "store-sqlite", "store-postgres"] {
+    for krate in ["store", "group-commit", "store-sqlite", "store-postgres"] {
         let manifest = std::fs::read_to_string(
             Path::new(ROOT)
                 .join("crates")

@@ -63,7 +63,9 @@ fn panicking() -> &'static str {
 async fn a_panic_is_a_500_error_without_internals() {
     let db = TestDb::new(Backend::Sqlite).await;
     let config = test_config(&db.url);
-    let store = plantstore::database::open(&config).await.expect("store");
+    let store = plantstore::database::open(&config, None)
+        .await
+        .expect("store");
     let metrics = std::sync::Arc::new(plantstore::telemetry::Metrics::new().expect("metrics"));
     let state = plantstore::state::AppState::new(store, &config.serve, metrics, None);
     let app = plantstore::http::with_layers(

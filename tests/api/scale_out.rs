@@ -21,7 +21,7 @@ async fn a_token_revoked_is_refused_by_every_instance_within_a_second(backend: B
     for _ in 1..INSTANCES {
         addresses.push(serve_another(&test_config(&first.db.url)).await);
     }
-    let store = plantstore::database::open(&test_config(&first.db.url))
+    let store = plantstore::database::open(&test_config(&first.db.url), None)
         .await
         .expect("the store, as `plantstore token` opens it");
     let token = tokens::create(store.as_ref(), "fleet", None)

@@ -55,7 +55,7 @@ const WITHIN: Duration = Duration::from_secs(20);
 async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
     let app = spawn(Backend::Postgres).await;
     let open = || async {
-        database::open(&test_config(&app.db.url))
+        database::open(&test_config(&app.db.url), None)
             .await
             .expect("a store")
     };

@@ -19,8 +19,9 @@ async fn main() -> Result<(), String> {
         max_connections: 1,
         acquire_timeout: Duration::from_secs(3),
         idempotency_ttl: Duration::from_secs(60),
+        commit_observer: None,
     };
-    let options = plantstore_sqlite::connect_options(url, settings).map_err(|e| e.to_string())?;
+    let options = plantstore_sqlite::connect_options(url, &settings).map_err(|e| e.to_string())?;
     let mut conn = options.connect().await.map_err(|e| e.to_string())?;
 
     let mut latencies = Vec::new();

@@ -4,34 +4,23 @@
 use std::{
     collections::{HashMap, hash_map::Entry},
     fmt,
-    sync::{Arc, OnceLock},
+    sync::Arc,
 };
 
 use async_trait::async_trait;
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use super::{CommitNews, remaining};
-use crate::{CommitObserver, Deleted, Deletion, StoreError};
+use plantstore_store::{CommitObserver, Deleted, Deletion, StoreError, backend::CommitNews};
+
+use crate::{
+    deadline::remaining,
+    outcome::{DeletionOutcome, one_each, replay_or_reuse},
+};
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
 /// Requests that may wait for a commit worker; past it, senders wait too.
 const QUEUE_DEPTH: usize = 4 * MAX_BATCH;
-
-/// What a backend says about one deletion of a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeletionOutcome {
-    Deleted,
-    NotFound,
-    /// Another session holds the row: it is retried alone, waiting for the row, so the
-    /// rest of its batch is not held up.
-    RowLocked,
-    /// The caller's idempotency key already deleted this plant; nothing was done now.
-    Replayed,
-    /// The caller's idempotency key already deleted another plant, this one; nothing was
-    /// done now.
-    KeyReused(i64),
-}
 
 /// How one backend commits; the batcher decides what goes into each commit.
 ///
@@ -62,8 +51,6 @@ struct Job {
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<Job>,
-    /// Where each batch's size is recorded, once the service asks (`Store::observe`).
-    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
 }
 
 /// What every commit worker shares: the writer, the queue, and whom it tells of commits.
@@ -71,7 +58,8 @@ pub struct Batcher {
 struct CommitWorker {
     writer: Arc<dyn BatchWriter>,
     receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
-    sizes: Arc<OnceLock<Arc<dyn CommitObserver>>>,
+    /// Told each batch's size, when the store was opened with an observer.
+    sizes: Option<Arc<dyn CommitObserver>>,
     news: CommitNews,
 }
 
@@ -85,29 +73,26 @@ impl fmt::Debug for Batcher {
 
 impl Batcher {
     /// Starts `workers` commit workers on one queue; `news` is bumped after each commit
-    /// that deleted a plant. No timer: a worker takes whatever queued while its previous
-    /// commit ran, so a request alone waits for nothing extra. The workers end when the
-    /// last clone of the batcher is dropped.
-    pub fn start(writer: Arc<dyn BatchWriter>, workers: usize, news: CommitNews) -> Self {
+    /// that deleted a plant, and `sizes` told each batch's size. No timer: a worker takes
+    /// whatever queued while its previous commit ran, so a request alone waits for
+    /// nothing extra. The workers end when the last clone of the batcher is dropped.
+    pub fn start(
+        writer: Arc<dyn BatchWriter>,
+        workers: usize,
+        news: CommitNews,
+        sizes: Option<Arc<dyn CommitObserver>>,
+    ) -> Self {
         let (queue, receiver) = mpsc::channel(QUEUE_DEPTH);
         let worker = CommitWorker {
             writer,
             receiver: Arc::new(Mutex::new(receiver)),
-            sizes: Arc::new(OnceLock::new()),
+            sizes,
             news,
         };
         for _ in 0..workers.max(1) {
             tokio::spawn(supervise(worker.clone()));
         }
-        Self {
-            queue,
-            sizes: worker.sizes,
-        }
-    }
-
-    /// Tells `sizes` the size of every batch from now on.
-    pub fn observe(&self, sizes: Arc<dyn CommitObserver>) {
-        let _ = self.sizes.set(sizes);
+        Self { queue }
     }
 
     /// How many requests wait for a commit now.
@@ -201,7 +186,7 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
     let outcomes = writer.delete_batch(&deletions).await;
     match outcomes.and_then(|outcomes| one_each(deletions.len(), outcomes)) {
         Ok(outcomes) => {
-            if let Some(sizes) = worker.sizes.get() {
+            if let Some(sizes) = &worker.sizes {
                 sizes.batch_committed(deletions.len());
             }
             if outcomes.contains(&DeletionOutcome::Deleted) {
@@ -236,40 +221,6 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
         }
         Err(err) => fail_all(replies, repeats, &err),
     }
-}
-
-/// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
-/// broken promise and an error for the whole batch, never a guessed answer.
-fn one_each(
-    size: usize,
-    outcomes: Vec<DeletionOutcome>,
-) -> Result<Vec<DeletionOutcome>, StoreError> {
-    if outcomes.len() == size {
-        return Ok(outcomes);
-    }
-    tracing::error!(
-        expected = size,
-        got = outcomes.len(),
-        "a backend answered a batch with the wrong number of outcomes"
-    );
-    Err(StoreError::Broken("one outcome per deletion of a batch"))
-}
-
-/// The outcome of a batch of one deletion, as `one_each` checks it.
-pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
-    Ok(one_each(1, outcomes)?[0])
-}
-
-/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
-/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
-pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
-    earlier.map(|plant_id| {
-        if plant_id == deletion.plant_id {
-            DeletionOutcome::Replayed
-        } else {
-            DeletionOutcome::KeyReused(plant_id)
-        }
-    })
 }
 
 /// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
@@ -339,27 +290,5 @@ fn fail_all(replies: Vec<Reply>, repeats: Vec<(usize, Job)>, err: &StoreError) {
     let repeated = repeats.into_iter().map(|(_, job)| job.reply);
     for reply in replies.into_iter().chain(repeated) {
         let _ = reply.send(Err(err.clone()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
-        assert!(matches!(
-            one_each(2, vec![DeletionOutcome::Deleted]),
-            Err(StoreError::Broken(_))
-        ));
-        assert!(matches!(only_outcome(vec![]), Err(StoreError::Broken(_))));
-        assert!(matches!(
-            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Deleted]),
-            Err(StoreError::Broken(_))
-        ));
-        assert_eq!(
-            only_outcome(vec![DeletionOutcome::NotFound]).ok(),
-            Some(DeletionOutcome::NotFound)
-        );
     }
 }

@@ -1,11 +1,27 @@
 //! A request's deadline as the store sees it: what is left of it, and every database wait
 //! of a delete bounded by it, so that nothing commits after its request was answered 503.
+//!
+//! When does a delete give up? The HTTP layer sets the deadline to now plus
+//! `PLANTSTORE_REQUEST_TIMEOUT` (`src/http/front_door.rs`, `answer`) and answers 503 when it
+//! passes, dropping the request's work. Below it, every wait ends by the same instant:
+//! - queued: `Batcher::delete` waits for its batch; a request answered meanwhile is left
+//!   out of it, and one with less than `MIN_TIME_LEFT` is answered `TimedOut`
+//!   (`still_waited_for` in `batcher.rs`);
+//! - a batch waits by its earliest deadline (`earliest`) for everything: its connection
+//!   (`wait_until`; PostgreSQL's `Database::conn_by`, SQLite's `WriteConnection::lock_by`),
+//!   and SQLite's busy wait for another process's write lock, which is bounded too;
+//! - its statements run under a limit set from what is left (`WaitLimit`, a statement's
+//!   share of it: PostgreSQL's `lock_timeout` and `statement_timeout` in `wait_limits.rs`),
+//!   and a deletion retried alone on a locked row gets limits for its transaction only;
+//! - PostgreSQL's commit of a retried deletion is sent only while time is left
+//!   (`may_commit`). A commit already sent when the deadline falls may still land; the
+//!   audit table then has it.
 
 use std::{future::Future, time::Duration};
 
 use tokio::time::Instant;
 
-use crate::{Deletion, StoreError};
+use plantstore_store::{Deletion, StoreError};
 
 /// Less than this left is as good as past: no commit fits in it, and in a batch it would
 /// cut every other request of the batch short too.

@@ -6,11 +6,11 @@ use std::sync::{Mutex, PoisonError};
 
 /// The kept connections; `None` once the store closes, so none is kept after that.
 #[derive(Debug)]
-pub struct BatchConnections<C> {
+pub struct KeptConnections<C> {
     kept: Mutex<Option<Vec<C>>>,
 }
 
-impl<C> Default for BatchConnections<C> {
+impl<C> Default for KeptConnections<C> {
     fn default() -> Self {
         Self {
             kept: Mutex::new(Some(Vec::new())),
@@ -18,7 +18,7 @@ impl<C> Default for BatchConnections<C> {
     }
 }
 
-impl<C> BatchConnections<C> {
+impl<C> KeptConnections<C> {
     /// A kept connection, if there is one.
     pub fn take(&self) -> Option<C> {
         self.kept
@@ -29,8 +29,8 @@ impl<C> BatchConnections<C> {
     }
 
     /// Keeps a connection that just served a batch, unless the store is closing. A
-    /// connection a batch failed on is not kept: it goes back to the pool, which drops it
-    /// if it is broken.
+    /// connection a batch failed on is not kept: both backends close it (its session may
+    /// hold a failed transaction or a wait limit no other query should inherit).
     pub fn keep(&self, conn: C) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(kept) = kept.as_mut() {

@@ -1,10 +1,58 @@
-//! What a backend's batch statement found, and the one reading of it into each
-//! deletion's outcome that every backend shares.
+//! What became of each deletion of a batch: as a backend's batch statement found it, and
+//! the one reading of that into each deletion's outcome that every backend shares.
 
 use std::collections::{HashMap, HashSet};
 
-use super::{DeletionOutcome, replay_or_reuse};
-use crate::Deletion;
+use plantstore_store::{Deletion, StoreError};
+
+/// What a backend says about one deletion of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletionOutcome {
+    Deleted,
+    NotFound,
+    /// Another session holds the row: it is retried alone, waiting for the row, so the
+    /// rest of its batch is not held up.
+    RowLocked,
+    /// The caller's idempotency key already deleted this plant; nothing was done now.
+    Replayed,
+    /// The caller's idempotency key already deleted another plant, this one; nothing was
+    /// done now.
+    KeyReused(i64),
+}
+
+/// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
+/// broken promise and an error for the whole batch, never a guessed answer.
+pub(crate) fn one_each(
+    size: usize,
+    outcomes: Vec<DeletionOutcome>,
+) -> Result<Vec<DeletionOutcome>, StoreError> {
+    if outcomes.len() == size {
+        return Ok(outcomes);
+    }
+    tracing::error!(
+        expected = size,
+        got = outcomes.len(),
+        "a backend answered a batch with the wrong number of outcomes"
+    );
+    Err(StoreError::Broken("one outcome per deletion of a batch"))
+}
+
+/// The outcome of a batch of one deletion, as `one_each` checks it.
+pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
+    Ok(one_each(1, outcomes)?[0])
+}
+
+/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
+/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
+pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
+    earlier.map(|plant_id| {
+        if plant_id == deletion.plant_id {
+            DeletionOutcome::Replayed
+        } else {
+            DeletionOutcome::KeyReused(plant_id)
+        }
+    })
+}
 
 /// Facts about one batch, as a backend's statement reports them.
 #[derive(Debug, Default)]
@@ -55,6 +103,23 @@ mod tests {
             idempotency_key: None,
             deadline: tokio::time::Instant::now(),
         }
+    }
+
+    #[test]
+    fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
+        assert!(matches!(
+            one_each(2, vec![DeletionOutcome::Deleted]),
+            Err(StoreError::Broken(_))
+        ));
+        assert!(matches!(only_outcome(vec![]), Err(StoreError::Broken(_))));
+        assert!(matches!(
+            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Deleted]),
+            Err(StoreError::Broken(_))
+        ));
+        assert_eq!(
+            only_outcome(vec![DeletionOutcome::NotFound]).ok(),
+            Some(DeletionOutcome::NotFound)
+        );
     }
 
     #[test]

@@ -3,10 +3,8 @@
 
 use std::collections::HashMap;
 
-use plantstore_store::{
-    Deletion, StoreError,
-    backend::{BatchResult, DeletionOutcome},
-};
+use plantstore_group_commit::{BatchResult, DeletionOutcome};
+use plantstore_store::{Deletion, StoreError};
 use sqlx::{Acquire, Executor, PgConnection};
 use tokio::time::Instant;
 

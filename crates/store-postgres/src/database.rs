@@ -5,7 +5,8 @@
 
 use std::{future::Future, sync::Arc};
 
-use plantstore_store::{StoreError, StoreSettings, backend::wait_until};
+use plantstore_group_commit::wait_until;
+use plantstore_store::{StoreError, StoreSettings};
 use sqlx::{
     Postgres,
     pool::PoolConnection,
@@ -45,7 +46,7 @@ impl Database {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     /// With several hosts, the first in order that satisfies `target_session_attrs` is
     /// used.
-    pub(crate) async fn open(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
+    pub(crate) async fn open(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
         let list = HostList::parse(url).map_err(|err| {
             StoreError::Config(format!(
                 "DATABASE_URL is not a usable PostgreSQL URL: {err}"

@@ -2,29 +2,27 @@
 //! locked row, and word to the other instances after each commit that deleted.
 
 use async_trait::async_trait;
-use plantstore_store::{
-    Deletion, StoreError,
-    backend::{
-        BatchConnections, BatchWriter, DeletionOutcome, LimitedConnection, earliest,
-        replay_or_reuse, wait_until,
-    },
+use plantstore_group_commit::{
+    BatchWriter, DeletionOutcome, KeptConnections, LimitedConnection, earliest, replay_or_reuse,
+    wait_until,
 };
+use plantstore_store::{Deletion, StoreError};
 use sqlx::{Connection, Executor, PgConnection, Postgres, pool::PoolConnection};
 use tokio::{sync::Semaphore, time::Instant};
 
 use crate::{
     announcements::Announcer,
-    batch::{self, lock_keys},
+    batch_statement::{self, lock_keys},
     database::Database,
     wait_limits::{WorkerConnection, begin_limited, limit_session, may_commit, renew_local},
 };
 
 /// Commits the batches: each is one autocommit statement, so one round trip.
-pub(crate) struct PgWriter {
+pub(crate) struct PgBatchWriter {
     db: Database,
-    /// Connections the commit workers keep between batches (see `BatchConnections`); all
+    /// Connections the commit workers keep between batches (see `KeptConnections`); all
     /// handed back at shutdown, so that closing the pool does not wait for them.
-    pub(crate) kept: BatchConnections<WorkerConnection>,
+    pub(crate) kept: KeptConnections<WorkerConnection>,
     /// `PLANTSTORE_IDEMPOTENCY_TTL` in seconds, for `make_interval`.
     idempotency_ttl: f64,
     /// Deletions waiting alone for a locked row may take only the connections the commit
@@ -33,13 +31,13 @@ pub(crate) struct PgWriter {
     announcer: Announcer,
 }
 
-impl PgWriter {
+impl PgBatchWriter {
     /// `alone`: how many deletions may wait alone for a locked row at once.
     pub(crate) fn new(db: Database, idempotency_ttl: f64, alone: usize) -> Self {
         Self {
             announcer: Announcer::start(db.clone()),
             db,
-            kept: BatchConnections::default(),
+            kept: KeptConnections::default(),
             idempotency_ttl,
             alone: Semaphore::new(alone),
         }
@@ -81,7 +79,7 @@ impl PgWriter {
 }
 
 #[async_trait]
-impl BatchWriter for PgWriter {
+impl BatchWriter for PgBatchWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
         let deadline = earliest(batch)?;
@@ -97,7 +95,7 @@ impl BatchWriter for PgWriter {
             .within(deadline, async {
                 limit_session(&self.db, &mut kept, deadline).await?;
                 let conn = &mut kept.conn;
-                batch::run(&self.db, conn, batch, self.idempotency_ttl, deadline).await
+                batch_statement::run(&self.db, conn, batch, self.idempotency_ttl, deadline).await
             })
             .await;
         match committed {

@@ -3,29 +3,29 @@
 //! `webhooks.rs` each implement their trait. Every query goes through `Database`.
 
 mod announcements;
-mod batch;
+mod batch_statement;
 mod database;
 mod deletion_log;
 mod failover;
+mod group_commit;
 mod hosts;
 mod schema;
 mod tokens;
 mod wait_limits;
 mod webhooks;
-mod writer;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use plantstore_group_commit::Batcher;
 use plantstore_store::{
-    CommitObserver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
-    backend::{Batcher, CommitNews},
+    Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats, backend::CommitNews,
 };
 use tokio::sync::watch;
 
 use announcements::Listening;
 use database::Database;
-use writer::PgWriter;
+use group_commit::PgBatchWriter;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -39,7 +39,7 @@ fn commit_workers(max_connections: u32) -> usize {
 #[derive(Clone)]
 pub struct PostgresStore {
     db: Database,
-    writer: Arc<PgWriter>,
+    writer: Arc<PgBatchWriter>,
     batcher: Batcher,
     news: CommitNews,
     /// Whether other processes' commits are listened for now.
@@ -58,20 +58,25 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
-        let db = Database::open(url, settings).await?;
+        let db = Database::open(url, &settings).await?;
         let workers = commit_workers(settings.max_connections);
         // Deletions waiting alone for a locked row may take only the connections the
         // commit workers do not need.
         let alone = (settings.max_connections as usize)
             .saturating_sub(workers)
             .max(1);
-        let writer = Arc::new(PgWriter::new(
+        let writer = Arc::new(PgBatchWriter::new(
             db.clone(),
             settings.idempotency_ttl.as_secs_f64(),
             alone,
         ));
         let news = CommitNews::default();
-        let batcher = Batcher::start(writer.clone(), workers, news.clone());
+        let batcher = Batcher::start(
+            writer.clone(),
+            workers,
+            news.clone(),
+            settings.commit_observer,
+        );
         Ok(Self {
             db,
             writer,
@@ -139,10 +144,6 @@ impl Store for PostgresStore {
             pool_idle: self.db.pool().num_idle(),
             queued: self.batcher.queued(),
         }
-    }
-
-    fn observe(&self, observer: Arc<dyn CommitObserver>) {
-        self.batcher.observe(observer);
     }
 
     fn commits(&self) -> watch::Receiver<u64> {

@@ -4,10 +4,8 @@
 
 use std::time::Duration;
 
-use plantstore_store::{
-    StoreError,
-    backend::{LimitedConnection, remaining, statement_share},
-};
+use plantstore_group_commit::{LimitedConnection, remaining, statement_share};
+use plantstore_store::StoreError;
 use sqlx::{AssertSqlSafe, Executor, Postgres, pool::PoolConnection};
 use tokio::time::Instant;
 

@@ -38,11 +38,11 @@ impl DeletionLog for SqliteStore {
 
     #[tracing::instrument(skip(self))]
     async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError> {
-        let mut writer = self.writer.lock().await?;
-        let restored = restore_entry(writer.conn()?, entry, by).await;
+        let mut turn = self.write_connection.lock().await?;
+        let restored = restore_entry(turn.conn()?, entry, by).await;
         match restored {
             Ok(_) => self.news.bump(),
-            Err(RestoreError::Store(_)) => writer.discard().await,
+            Err(RestoreError::Store(_)) => turn.discard().await,
             Err(_) => {}
         }
         restored
@@ -69,7 +69,7 @@ impl DeletionLog for SqliteStore {
                          > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
             before
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
@@ -77,7 +77,7 @@ impl DeletionLog for SqliteStore {
 }
 
 /// Puts the snapshot of log entry `entry` back into `plants` and marks the entry
-/// restored, in one transaction on the writer; every refusal leaves both as they were.
+/// restored, in one transaction on the write connection; every refusal leaves both as they were.
 async fn restore_entry(
     conn: &mut SqliteConnection,
     entry: i64,

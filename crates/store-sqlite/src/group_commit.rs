@@ -1,4 +1,4 @@
-//! The group commit on SQLite: one transaction on the writer per batch, the plants'
+//! The group commit on SQLite: one transaction on the write connection per batch, the plants'
 //! snapshots and audit rows written with the delete.
 
 use std::{
@@ -9,25 +9,24 @@ use std::{
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{
-    Deletion, StoreError,
-    backend::{BatchResult, BatchWriter, DeletionOutcome, earliest, only_outcome, remaining},
-    before_now,
+use plantstore_group_commit::{
+    BatchResult, BatchWriter, DeletionOutcome, earliest, only_outcome, remaining,
 };
+use plantstore_store::{Deletion, StoreError, time::before_now};
 use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
 
-use crate::{errors::classify, snapshot, writer::WriteConnection};
+use crate::{errors::classify, snapshot, write_connection::WriteConnection};
 
-/// Commits the batches on the writer connection: one transaction, two statements (three
+/// Commits the batches on the write connection: one transaction, two statements (three
 /// when a request carries an idempotency key).
-pub(crate) struct SqliteWriter {
+pub(crate) struct SqliteBatchWriter {
     connection: Arc<WriteConnection>,
     idempotency_ttl: Duration,
     /// The snapshot statement, built from the columns of `plants` at the first delete.
     delete_statement: tokio::sync::OnceCell<String>,
 }
 
-impl SqliteWriter {
+impl SqliteBatchWriter {
     pub(crate) fn new(connection: Arc<WriteConnection>, idempotency_ttl: Duration) -> Self {
         Self {
             connection,
@@ -38,11 +37,11 @@ impl SqliteWriter {
 }
 
 #[async_trait]
-impl BatchWriter for SqliteWriter {
+impl BatchWriter for SqliteBatchWriter {
     #[tracing::instrument(level = "debug", skip_all, fields(size = batch.len()))]
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError> {
-        let mut writer = self.connection.lock_by(earliest(batch)?).await?;
-        let conn = writer.conn()?;
+        let mut turn = self.connection.lock_by(earliest(batch)?).await?;
+        let conn = turn.conn()?;
         let delete_statement = self
             .delete_statement
             .get_or_try_init(|| snapshot::delete_statement(&mut *conn))
@@ -52,8 +51,8 @@ impl BatchWriter for SqliteWriter {
         match commit_batch(conn, delete_statement, since, batch).await {
             Ok(outcomes) => Ok(outcomes),
             Err(err) => {
-                let err = writer.explain(err);
-                writer.discard().await;
+                let err = turn.caller_error(err);
+                turn.discard().await;
                 Err(err)
             }
         }

@@ -1,37 +1,38 @@
 //! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
-//! one writer connection and a pool of readers. This file connects and serves `Store`;
+//! one write connection and a pool of readers. This file connects and serves `Store`;
 //! `deletion_log.rs`, `tokens.rs` and `webhooks.rs` each implement their trait.
 
-mod batch;
 mod deletion_log;
 mod errors;
+mod group_commit;
 mod schema;
 mod snapshot;
 mod tokens;
 mod webhooks;
-mod writer;
+mod write_connection;
 
 use std::{str::FromStr, sync::Arc};
 
 use async_trait::async_trait;
+use plantstore_group_commit::Batcher;
 use plantstore_store::{
-    CommitObserver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
-    backend::{Batcher, CommitNews, probe},
+    Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
+    backend::{CommitNews, probe},
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use tokio::sync::watch;
 
-use batch::SqliteWriter;
 use errors::classify;
-use writer::WriteConnection;
+use group_commit::SqliteBatchWriter;
+use write_connection::WriteConnection;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
-    writer: Arc<WriteConnection>,
+    write_connection: Arc<WriteConnection>,
     readers: SqlitePool,
     batcher: Batcher,
     news: CommitNews,
@@ -41,7 +42,7 @@ pub struct SqliteStore {
 /// so that both pay for exactly the same durability.
 pub fn connect_options(
     url: &str,
-    settings: StoreSettings,
+    settings: &StoreSettings,
 ) -> Result<SqliteConnectOptions, StoreError> {
     Ok(SqliteConnectOptions::from_str(url)
         .map_err(|err| {
@@ -56,9 +57,9 @@ pub fn connect_options(
 }
 
 impl SqliteStore {
-    /// Opens the writer and one connection, so a bad path fails at start, not on a request.
+    /// Opens the write connection and one reader, so a bad path fails at start, not on a request.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
-        let options = connect_options(url, settings)?;
+        let options = connect_options(url, &settings)?;
         probe(&options, settings.acquire_timeout)
             .await
             .map_err(classify)?;
@@ -76,12 +77,18 @@ impl SqliteStore {
             .connect_with(options)
             .await
             .map_err(classify)?;
-        let writer = Arc::new(WriteConnection::new(write_pool, settings.acquire_timeout));
+        let write_connection = Arc::new(WriteConnection::new(write_pool, settings.acquire_timeout));
         let news = CommitNews::default();
-        let batch_writer = SqliteWriter::new(Arc::clone(&writer), settings.idempotency_ttl);
-        let batcher = Batcher::start(Arc::new(batch_writer), 1, news.clone());
+        let batch_writer =
+            SqliteBatchWriter::new(Arc::clone(&write_connection), settings.idempotency_ttl);
+        let batcher = Batcher::start(
+            Arc::new(batch_writer),
+            1,
+            news.clone(),
+            settings.commit_observer,
+        );
         Ok(Self {
-            writer,
+            write_connection,
             readers,
             batcher,
             news,
@@ -93,7 +100,7 @@ impl SqliteStore {
 impl Store for SqliteStore {
     #[tracing::instrument(skip(self))]
     async fn migrate(&self) -> Result<(), StoreError> {
-        self.writer.migrate().await
+        self.write_connection.migrate().await
     }
 
     async fn check_schema(&self) -> Result<(), StoreError> {
@@ -123,7 +130,7 @@ impl Store for SqliteStore {
              ON CONFLICT (id) DO NOTHING",
             count
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
@@ -137,17 +144,13 @@ impl Store for SqliteStore {
         }
     }
 
-    fn observe(&self, observer: Arc<dyn CommitObserver>) {
-        self.batcher.observe(observer);
-    }
-
     /// Another process's commits are found by delivery's poll.
     fn commits(&self) -> watch::Receiver<u64> {
         self.news.subscribe()
     }
 
     async fn close(&self) {
-        self.writer.close().await;
+        self.write_connection.close().await;
         self.readers.close().await;
     }
 }

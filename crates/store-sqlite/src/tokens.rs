@@ -20,7 +20,7 @@ impl Tokens for SqliteStore {
             token.expires_at,
             token.revoked_at,
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(())
@@ -48,7 +48,7 @@ impl Tokens for SqliteStore {
             at,
             name
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         found(done.rows_affected())

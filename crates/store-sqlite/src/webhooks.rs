@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, LAST_STORABLE_TIME, Lease, NewEndpoint, ReplayOutcome,
-    StoreError, StreamPosition, Webhooks,
+    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
+    StreamPosition, Webhooks,
     backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
-    storable_after,
+    time::{LAST_STORABLE_TIME, storable_after},
 };
 
 use crate::{SqliteStore, errors::classify};
@@ -32,7 +32,7 @@ impl Webhooks for SqliteStore {
             endpoint.http2,
             now
         )
-        .fetch_one(self.writer.lock().await?.conn()?)
+        .fetch_one(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)
     }
@@ -65,7 +65,7 @@ impl Webhooks for SqliteStore {
     #[tracing::instrument(skip(self))]
     async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
         let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = ?", id)
-            .execute(self.writer.lock().await?.conn()?)
+            .execute(self.write_connection.lock().await?.conn()?)
             .await
             .map_err(classify)?;
         found(done.rows_affected())
@@ -87,7 +87,7 @@ impl Webhooks for SqliteStore {
             secret,
             until
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         found(done.rows_affected())?;
@@ -103,7 +103,7 @@ impl Webhooks for SqliteStore {
          WHERE id = ?",
             id
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         found(done.rows_affected())
@@ -111,7 +111,7 @@ impl Webhooks for SqliteStore {
 
     #[tracing::instrument(skip(self))]
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
-        let mut writer = self.writer.lock().await?;
+        let mut writer = self.write_connection.lock().await?;
         let conn = writer.conn()?;
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
@@ -164,7 +164,7 @@ impl Webhooks for SqliteStore {
             until,
             now
         )
-        .fetch_all(self.writer.lock().await?.conn()?)
+        .fetch_all(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         rows.into_iter().map(Lease::try_from).collect()
@@ -247,7 +247,7 @@ impl Webhooks for SqliteStore {
             report.last_error,
             report.next_attempt_at,
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected() > 0)
@@ -260,7 +260,7 @@ impl Webhooks for SqliteStore {
          WHERE lease_owner = ?",
             owner
         )
-        .execute(self.writer.lock().await?.conn()?)
+        .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(())

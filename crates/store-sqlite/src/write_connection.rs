@@ -2,10 +2,8 @@
 
 use std::time::Duration;
 
-use plantstore_store::{
-    StoreError,
-    backend::{BatchConnections, LimitedConnection, remaining, wait_until},
-};
+use plantstore_group_commit::{KeptConnections, LimitedConnection, remaining, wait_until};
+use plantstore_store::StoreError;
 use sqlx::{AssertSqlSafe, Executor, Sqlite, SqliteConnection, SqlitePool, pool::PoolConnection};
 use tokio::{
     sync::{Mutex, MutexGuard},
@@ -17,15 +15,15 @@ use crate::{
     errors::{classify, is_busy},
 };
 
-type KeptWriter = LimitedConnection<PoolConnection<Sqlite>>;
+type KeptWriteConnection = LimitedConnection<PoolConnection<Sqlite>>;
 
 /// The one connection this process writes with: its own writes never wait on each
 /// other's locks, and the group commit shares its syncs. It is kept rather than returned
-/// to its pool after each use (see `BatchConnections`).
+/// to its pool after each use (see `KeptConnections`).
 #[derive(Debug)]
 pub(crate) struct WriteConnection {
     pool: SqlitePool,
-    kept: BatchConnections<KeptWriter>,
+    kept: KeptConnections<KeptWriteConnection>,
     /// Whoever holds it holds this process's write access.
     turn: Mutex<()>,
     /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`: the longest wait for another process's write lock.
@@ -37,21 +35,21 @@ impl WriteConnection {
     pub(crate) fn new(pool: SqlitePool, busy_wait: Duration) -> Self {
         Self {
             pool,
-            kept: BatchConnections::default(),
+            kept: KeptConnections::default(),
             turn: Mutex::new(()),
             busy_wait,
         }
     }
 
-    /// Waits for the writer, for a command: as long as for another process's write lock.
-    pub(crate) async fn lock(&self) -> Result<Writer<'_>, StoreError> {
+    /// Waits for a turn to write, for a command: as long as for another process's write lock.
+    pub(crate) async fn lock(&self) -> Result<WriteTurn<'_>, StoreError> {
         self.lock_by(Instant::now() + self.busy_wait).await
     }
 
-    /// Waits for the writer, by `deadline`; its busy wait for another process's write
+    /// Waits for a turn to write, by `deadline`; its busy wait for another process's write
     /// lock then ends by `deadline` too, so a batch never begins after its request was
     /// answered.
-    pub(crate) async fn lock_by(&self, deadline: Instant) -> Result<Writer<'_>, StoreError> {
+    pub(crate) async fn lock_by(&self, deadline: Instant) -> Result<WriteTurn<'_>, StoreError> {
         let turn = wait_until(deadline, async { Ok(self.turn.lock().await) }).await?;
         let mut kept = match self.kept.take() {
             Some(kept) => kept,
@@ -72,7 +70,7 @@ impl WriteConnection {
                 .await
                 .map_err(classify)?;
         }
-        Ok(Writer {
+        Ok(WriteTurn {
             _turn: turn,
             conn: Some(kept),
             kept: &self.kept,
@@ -95,22 +93,22 @@ impl WriteConnection {
     }
 }
 
-/// Holding the writer; the connection is kept again when it is let go. A batch that
-/// failed closes it rather than keeping it: a commit that failed (a full disk) left sqlx
-/// believing a transaction was still open on it, and every later `BEGIN` on that
-/// connection was refused.
-pub(crate) struct Writer<'a> {
+/// This process's turn to write, holding the write connection; the connection is kept
+/// again when the turn ends. A batch that failed closes it rather than keeping it: a
+/// commit that failed (a full disk) left sqlx believing a transaction was still open on
+/// it, and every later `BEGIN` on that connection was refused.
+pub(crate) struct WriteTurn<'a> {
     _turn: MutexGuard<'a, ()>,
-    conn: Option<KeptWriter>,
-    kept: &'a BatchConnections<KeptWriter>,
+    conn: Option<KeptWriteConnection>,
+    kept: &'a KeptConnections<KeptWriteConnection>,
     /// The busy wait ends with the deadline, not before: a busy error means it passed.
     ends_with_deadline: bool,
 }
 
-impl Writer<'_> {
+impl WriteTurn<'_> {
     /// `err` as the caller should see it: a busy wait cut off by the deadline is the
     /// deadline's error.
-    pub(crate) fn explain(&self, err: StoreError) -> StoreError {
+    pub(crate) fn caller_error(&self, err: StoreError) -> StoreError {
         if self.ends_with_deadline && is_busy(&err) {
             StoreError::TimedOut
         } else {
@@ -132,7 +130,7 @@ impl Writer<'_> {
     }
 }
 
-impl Drop for Writer<'_> {
+impl Drop for WriteTurn<'_> {
     fn drop(&mut self) {
         if let Some(kept) = self.conn.take() {
             self.kept.keep(kept);

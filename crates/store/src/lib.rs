@@ -11,12 +11,11 @@ use tokio::sync::watch;
 pub mod backend;
 mod error;
 mod log;
-mod time;
+pub mod time;
 mod webhooks;
 
 pub use error::StoreError;
 pub use log::{DeletionFilter, DeletionRecord, RestoreError};
-pub use time::{LAST_STORABLE_TIME, before_now, storable_after};
 pub use webhooks::{
     DeliveryReport, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
     NewEndpoint, ReplayOutcome, Signing, StreamPosition, Webhooks,
@@ -87,7 +86,7 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
     async fn ping(&self) -> Result<(), StoreError>;
 
     /// Deletes one plant and writes its audit row, committed together and durably before
-    /// it returns; concurrent calls share commits (see [`backend::Batcher`]).
+    /// it returns; concurrent calls share commits (the group commit, `plantstore-group-commit`).
     ///
     /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
     /// another table still points at it (then nothing is deleted). With an idempotency
@@ -101,9 +100,6 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
 
     /// The connection pool and the group-commit queue right now, for `/metrics`.
     fn stats(&self) -> StoreStats;
-
-    /// Tells `observer` the size of every group-commit batch from now on.
-    fn observe(&self, observer: Arc<dyn CommitObserver>);
 
     /// Changes after each commit that wrote to the deletion log (deletes, restores,
     /// replays) in this process, and on PostgreSQL in any process on the same database
@@ -150,8 +146,9 @@ pub trait Tokens: Send + Sync {
 }
 
 /// Told the size of each group commit once it committed, for whatever keeps such figures
-/// (the service's `/metrics`); the store itself keeps none.
-pub trait CommitObserver: Send + Sync + 'static {
+/// (the service's `/metrics`); the store itself keeps none. Given when the store is opened
+/// (`StoreSettings::commit_observer`).
+pub trait CommitObserver: Send + Sync + Debug + 'static {
     fn batch_committed(&self, size: usize);
 }
 
@@ -166,9 +163,9 @@ pub struct StoreStats {
     pub queued: usize,
 }
 
-/// How a backend sizes and waits on its connection pool, and how long it replays
-/// idempotency keys.
-#[derive(Debug, Clone, Copy)]
+/// How a backend sizes and waits on its connection pool, how long it replays idempotency
+/// keys, and whom it tells of its group commits.
+#[derive(Debug, Clone)]
 pub struct StoreSettings {
     pub max_connections: u32,
     /// Longest wait for a free connection (and, on SQLite, for the write lock) before the
@@ -176,4 +173,6 @@ pub struct StoreSettings {
     pub acquire_timeout: std::time::Duration,
     /// How long after a delete a retry with its idempotency key is answered from the log.
     pub idempotency_ttl: std::time::Duration,
+    /// Told each group commit's size (the service's `/metrics`); none for a command.
+    pub commit_observer: Option<Arc<dyn CommitObserver>>,
 }
