@@ -91,7 +91,7 @@ impl Application {
         let store = Arc::clone(&self.state.store);
         let draining = self.state.draining.clone();
         let delay = self.config.shutdown_delay;
-        let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).keep_up());
+        let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).fold_histograms());
         let (halt, halted) = tokio::sync::oneshot::channel::<()>();
         let deliveries = tokio::spawn(self.deliveries.run(async {
             let _ = halted.await;

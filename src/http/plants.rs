@@ -27,7 +27,7 @@ enum PlantsTag {
 pub enum PlantDeleted {
     /// Plant deleted: now, or by an earlier request with the same Idempotency-Key
     #[oai(status = 204)]
-    Deleted(
+    NoContent(
         /// `true` when an earlier request with this Idempotency-Key from the same caller
         /// deleted the plant and this answer repeats its 204; absent otherwise
         #[oai(header = "Idempotent-Replayed")]
@@ -79,9 +79,9 @@ impl PlantsApi {
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {
                 state.metrics.deleted();
-                Ok(PlantDeleted::Deleted(None))
+                Ok(PlantDeleted::NoContent(None))
             }
-            Ok(Deleted::Replayed) => Ok(PlantDeleted::Deleted(Some(true))),
+            Ok(Deleted::Replayed) => Ok(PlantDeleted::NoContent(Some(true))),
             Err(StoreError::NotFound) => Err(ApiError::PlantNotFound(id.0)),
             Err(StoreError::Referenced) => Err(ApiError::PlantReferenced(id.0)),
             Err(StoreError::KeyReused { plant_id }) => Err(ApiError::IdempotencyKeyReused {

@@ -23,7 +23,7 @@ const TOKEN_RELOADS: &str = "plantstore_token_cache_reloads_total";
 const WEBHOOK_DELIVERIES: &str = "plantstore_webhook_deliveries_total";
 const WEBHOOK_PENDING: &str = "plantstore_webhook_pending_events";
 const WEBHOOK_LAG: &str = "plantstore_webhook_delivery_lag_seconds";
-/// How often histogram samples are folded into their buckets (see `keep_up`).
+/// How often histogram samples are folded into their buckets (see `fold_histograms`).
 const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
@@ -208,11 +208,11 @@ impl Metrics {
             .set(pending as f64);
     }
 
-    /// Folds the histogram samples recorded since the last time into their buckets. The
-    /// exporter keeps every sample until then, so without this its memory grows with every
-    /// request between scrapes (ten seconds of 401s at 64 connections took the service's
-    /// anonymous memory from 8.8 to 21.3 MiB).
-    pub async fn keep_up(self: Arc<Self>) {
+    /// Folds the histogram samples recorded since the last time into their buckets, for
+    /// ever. The exporter keeps every sample until then, so without this its memory grows
+    /// with every request between scrapes (bench/RESULTS.md, "Figures moved out of code
+    /// comments").
+    pub async fn fold_histograms(self: Arc<Self>) {
         let mut every = tokio::time::interval(UPKEEP_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -162,8 +162,8 @@ const USER_AGENT: &str = concat!("plantstore/", env!("CARGO_PKG_VERSION"));
 /// The same on every attempt of an event, as receivers deduplicate by it.
 pub(super) fn webhook_id(event: &Event) -> String {
     match event.kind {
-        EventKind::Deleted => format!("deletion_{}", event.entry.id),
-        EventKind::Restored => format!("restore_{}", event.entry.id),
+        EventKind::PlantDeleted => format!("deletion_{}", event.entry.id),
+        EventKind::PlantRestored => format!("restore_{}", event.entry.id),
     }
 }
 
@@ -193,7 +193,7 @@ struct Data<'a> {
 /// The event as JSON; the same bytes on every attempt.
 pub(super) fn body(event: &Event) -> String {
     let entry = &event.entry;
-    let restored = event.kind == EventKind::Restored;
+    let restored = event.kind == EventKind::PlantRestored;
     let body = Body {
         kind: event.kind.name(),
         timestamp: time(event.happened_at()),

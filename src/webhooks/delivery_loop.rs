@@ -6,7 +6,9 @@ use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
-use plantstore_store::{DeliveryReport, EndpointState, Lease, Store, StreamPosition};
+use plantstore_store::{
+    CommitNewsReceiver, DeliveryReport, EndpointState, Lease, Store, StreamPosition,
+};
 use tokio::{
     sync::watch,
     time::{Instant, MissedTickBehavior, sleep_until},
@@ -72,8 +74,8 @@ impl Progress {
     }
 
     /// Moves the cursor over the events delivered in stream order.
-    fn advance(&mut self, ahead: &mut PendingEvents) {
-        if let Some((position, entry)) = ahead.take_done() {
+    fn advance(&mut self, pending: &mut PendingEvents) {
+        if let Some((position, entry)) = pending.take_done() {
             self.cursor = position;
             self.delivered_through = Some(entry);
         }
@@ -122,37 +124,50 @@ pub(super) struct DeliveryLoop {
     /// This endpoint's counts in `/metrics`.
     pub(super) counts: EndpointMetrics,
     /// The store's news of commits (`Store::commits`).
-    pub(super) commits: watch::Receiver<u64>,
+    pub(super) commits: CommitNewsReceiver,
     /// Turns true when this instance stops.
     pub(super) stopping: watch::Receiver<bool>,
 }
 
 impl DeliveryLoop {
+    /// Delivers until the lease is lost, the endpoint disabled or the instance stopping,
+    /// and logs which.
     #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint_id))]
-    pub(super) async fn run(mut self) -> DeliveryEnd {
+    pub(super) async fn run(self) {
+        match self.deliver().await {
+            // The 410 itself was logged where it was answered.
+            DeliveryEnd::Disabled => {}
+            DeliveryEnd::LeaseLost => tracing::info!(
+                "delivery stopped: another instance holds the lease, or the endpoint was removed, replayed or enabled"
+            ),
+            DeliveryEnd::Halted => tracing::debug!("delivery stopped with the instance"),
+        }
+    }
+
+    async fn deliver(mut self) -> DeliveryEnd {
         let client = Arc::new(EndpointClient::new(
             &self.lease.url,
             self.lease.http2,
             &self.config,
         ));
-        let mut ahead = PendingEvents::new(self.lease.cursor);
+        let mut pending = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
         let mut in_flight = InFlight::new();
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // Whether the log may hold more than was read: false after a read came back short,
-        // until news of a commit, or the poll, says there may be new events.
-        let mut more = true;
+        // False after a read came back short, until news of a commit, or the poll, says
+        // there may be new events.
+        let mut log_may_hold_more = true;
         let mut last_read = Instant::now();
         loop {
-            if more && ahead.room() >= WINDOW / 4 {
+            if log_may_hold_more && pending.room() >= WINDOW / 4 {
                 // Seen before reading: a commit after this is news again.
-                self.commits.mark_unchanged();
-                more = self.read(&mut ahead).await;
+                self.commits.mark_seen();
+                log_may_hold_more = self.read(&mut pending).await;
                 last_read = Instant::now();
             }
             while in_flight.len() < IN_FLIGHT
-                && let Some(to_send) = ahead.next_to_send()
+                && let Some(to_send) = pending.next_to_send()
             {
                 in_flight.push(
                     attempt(
@@ -164,7 +179,7 @@ impl DeliveryLoop {
                     .boxed(),
                 );
             }
-            progress.advance(&mut ahead);
+            progress.advance(&mut pending);
             if progress.save_due()
                 && let Some(end) = self.save(&mut progress).await
             {
@@ -172,25 +187,24 @@ impl DeliveryLoop {
             }
             let outcome = tokio::select! {
                 Some(outcome) = in_flight.next() => outcome,
-                // Never an error: this loop holds the store, which holds the news' sender.
-                _ = self.commits.changed(), if !more => {
+                () = self.commits.changed(), if !log_may_hold_more => {
                     sleep_until(last_read + READ_GAP).await;
-                    more = true;
+                    log_may_hold_more = true;
                     continue;
                 }
                 _ = poll.tick() => {
-                    more = true;
+                    log_may_hold_more = true;
                     continue;
                 }
                 () = stop_requested(&mut self.stopping) => {
-                    return self.finish(&mut in_flight, &mut ahead, &mut progress).await;
+                    return self.finish(&mut in_flight, &mut pending, &mut progress).await;
                 }
             };
             // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
                 if let Some(outcome) = outcome
-                    && let Some(end) = self.settle(outcome, &mut ahead, &mut progress).await
+                    && let Some(end) = self.settle(outcome, &mut pending, &mut progress).await
                 {
                     return end;
                 }
@@ -206,18 +220,18 @@ impl DeliveryLoop {
     async fn finish(
         &self,
         in_flight: &mut InFlight,
-        ahead: &mut PendingEvents,
+        pending: &mut PendingEvents,
         progress: &mut Progress,
     ) -> DeliveryEnd {
         let until = Instant::now() + ANSWERS_ON_STOP;
         while let Ok(Some(outcome)) = tokio::time::timeout_at(until, in_flight.next()).await {
             if let Some(outcome) = outcome
-                && let Some(end) = self.settle(outcome, ahead, progress).await
+                && let Some(end) = self.settle(outcome, pending, progress).await
             {
                 return end;
             }
         }
-        progress.advance(ahead);
+        progress.advance(pending);
         if progress.cursor == progress.saved {
             return DeliveryEnd::Halted;
         }
@@ -225,12 +239,12 @@ impl DeliveryLoop {
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
-    async fn read(&self, ahead: &mut PendingEvents) -> bool {
-        let room = ahead.room();
-        match self.store.read_events(ahead.read_to(), room as i64).await {
+    async fn read(&self, pending: &mut PendingEvents) -> bool {
+        let room = pending.room();
+        match self.store.read_events(pending.read_to(), room as i64).await {
             Ok(events) => {
                 let full = events.len() >= room;
-                ahead.add(events, |event| self.lease.events.contains(&event.kind));
+                pending.add(events, |event| self.lease.events.contains(&event.kind));
                 full
             }
             Err(err) => {
@@ -266,7 +280,7 @@ impl DeliveryLoop {
     async fn settle(
         &self,
         outcome: AttemptOutcome,
-        ahead: &mut PendingEvents,
+        pending: &mut PendingEvents,
         progress: &mut Progress,
     ) -> Option<DeliveryEnd> {
         let AttemptOutcome { sent, attempt, lag } = outcome;
@@ -274,7 +288,7 @@ impl DeliveryLoop {
         match attempt {
             Attempt::Delivered => {
                 self.counts.delivered(lag);
-                ahead.delivered(&event);
+                pending.delivered(&event);
                 progress.failing = None;
                 None
             }
@@ -303,7 +317,7 @@ impl DeliveryLoop {
                 tracing::info!(webhook_id = %webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
                 let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 progress.failing = Some((error, next));
-                ahead.retry(event, failures, wait);
+                pending.retry(event, failures, wait);
                 self.save(progress).await
             }
         }

@@ -16,7 +16,7 @@ use std::{
 use plantstore_store::{Lease, Signing, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
-use delivery_loop::{DeliveryEnd, DeliveryLoop};
+use delivery_loop::DeliveryLoop;
 use signature::Signer;
 
 use crate::{config::WebhookConfig, telemetry::Metrics};
@@ -174,7 +174,7 @@ impl Deliveries {
 /// now), and the signer made from them; dropping it stops the task, and cancels its
 /// requests.
 struct Running {
-    task: JoinHandle<DeliveryEnd>,
+    task: JoinHandle<()>,
     started: Lease,
     signer: watch::Sender<Arc<Signer>>,
 }

@@ -158,7 +158,7 @@ mod tests {
                 kind: 0,
                 seq: id,
             },
-            kind: EventKind::Deleted,
+            kind: EventKind::PlantDeleted,
             entry: DeletionRecord {
                 id,
                 plant_id: plant,
@@ -173,56 +173,56 @@ mod tests {
         }
     }
 
-    fn ids_to_send(ahead: &mut PendingEvents) -> Vec<i64> {
-        std::iter::from_fn(|| ahead.next_to_send())
+    fn ids_to_send(pending: &mut PendingEvents) -> Vec<i64> {
+        std::iter::from_fn(|| pending.next_to_send())
             .map(|to_send| to_send.event.entry.id)
             .collect()
     }
 
     #[test]
     fn a_plants_next_event_waits_until_the_one_before_is_delivered() {
-        let mut ahead = PendingEvents::new(deleted(0, 0).position);
-        ahead.add(vec![deleted(1, 7), deleted(2, 8), deleted(3, 7)], |_| true);
-        assert_eq!(ids_to_send(&mut ahead), [1, 2]);
-        ahead.delivered(&deleted(2, 8));
-        assert_eq!(ids_to_send(&mut ahead), Vec::<i64>::new());
-        ahead.delivered(&deleted(1, 7));
-        assert_eq!(ids_to_send(&mut ahead), [3]);
+        let mut pending = PendingEvents::new(deleted(0, 0).position);
+        pending.add(vec![deleted(1, 7), deleted(2, 8), deleted(3, 7)], |_| true);
+        assert_eq!(ids_to_send(&mut pending), [1, 2]);
+        pending.delivered(&deleted(2, 8));
+        assert_eq!(ids_to_send(&mut pending), Vec::<i64>::new());
+        pending.delivered(&deleted(1, 7));
+        assert_eq!(ids_to_send(&mut pending), [3]);
     }
 
     #[test]
     fn a_failed_event_holds_back_its_plants_next() {
-        let mut ahead = PendingEvents::new(deleted(0, 0).position);
-        ahead.add(vec![deleted(1, 7), deleted(2, 7)], |_| true);
-        let first = ahead.next_to_send().expect("a dispatch");
-        ahead.retry(first.event, 1, Duration::from_millis(5));
-        let again = ahead.next_to_send().expect("the retry");
+        let mut pending = PendingEvents::new(deleted(0, 0).position);
+        pending.add(vec![deleted(1, 7), deleted(2, 7)], |_| true);
+        let first = pending.next_to_send().expect("a dispatch");
+        pending.retry(first.event, 1, Duration::from_millis(5));
+        let again = pending.next_to_send().expect("the retry");
         assert_eq!(
             (again.event.entry.id, again.failures, again.wait),
             (1, 1, Duration::from_millis(5))
         );
         assert!(
-            ahead.next_to_send().is_none(),
+            pending.next_to_send().is_none(),
             "entry 2 waits behind entry 1"
         );
     }
 
     #[test]
     fn the_cursor_moves_only_over_what_is_done_and_unwanted_events_are_done_at_once() {
-        let mut ahead = PendingEvents::new(deleted(0, 0).position);
-        ahead.add(
+        let mut pending = PendingEvents::new(deleted(0, 0).position);
+        pending.add(
             vec![deleted(1, 1), deleted(2, 2), deleted(3, 3), deleted(4, 4)],
             |event| event.entry.id != 3,
         );
-        assert_eq!(ahead.read_to(), deleted(4, 4).position);
-        assert_eq!(ahead.room(), WINDOW - 4);
-        ahead.delivered(&deleted(2, 2));
-        assert_eq!(ahead.take_done(), None, "entry 1 is not delivered yet");
-        ahead.delivered(&deleted(1, 1));
-        assert_eq!(ahead.take_done(), Some((deleted(3, 3).position, 3)));
-        assert!(!ahead.is_empty());
-        ahead.delivered(&deleted(4, 4));
-        assert_eq!(ahead.take_done(), Some((deleted(4, 4).position, 4)));
-        assert!(ahead.is_empty());
+        assert_eq!(pending.read_to(), deleted(4, 4).position);
+        assert_eq!(pending.room(), WINDOW - 4);
+        pending.delivered(&deleted(2, 2));
+        assert_eq!(pending.take_done(), None, "entry 1 is not delivered yet");
+        pending.delivered(&deleted(1, 1));
+        assert_eq!(pending.take_done(), Some((deleted(3, 3).position, 3)));
+        assert!(!pending.is_empty());
+        pending.delivered(&deleted(4, 4));
+        assert_eq!(pending.take_done(), Some((deleted(4, 4).position, 4)));
+        assert!(pending.is_empty());
     }
 }

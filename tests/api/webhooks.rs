@@ -9,9 +9,9 @@ use std::{
 };
 
 use plantstore::{config::Config, database};
+use plantstore_store::CommitNewsReceiver;
 use reqwest::StatusCode;
 use serde_json::Value;
-use tokio::sync::watch;
 
 use crate::{
     fixtures::receiver::{Receiver, Reply},
@@ -66,7 +66,7 @@ async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
     app.add_plants(&[3, 4, 5]).await;
     delete_all(&app, [3]).await;
     let entry = app.db.deletion_ids().await[0].to_string();
-    heard.mark_unchanged();
+    heard.mark_seen();
     succeeded(&plantstore(
         &app,
         &["deletions", "restore", &entry, "--by", "ops"],
@@ -74,14 +74,14 @@ async fn postgres_commits_elsewhere_are_heard_by_the_delivering_instance() {
     rings(&mut heard, "a restore from the command line").await;
 
     let other = open().await;
-    heard.mark_unchanged();
+    heard.mark_seen();
     delete_through(other.as_ref(), 4).await;
     rings(&mut heard, "another instance's delete").await;
 
     app.db.terminate_service_sessions().await;
     rings(&mut heard, "listening again after a lost connection").await;
     let other = open().await;
-    heard.mark_unchanged();
+    heard.mark_seen();
     delete_through(other.as_ref(), 5).await;
     rings(&mut heard, "a delete after the reconnection").await;
 }
@@ -158,11 +158,9 @@ async fn postgres_a_long_transaction_elsewhere_holds_no_event_back() {
     }
 }
 
-async fn rings(heard: &mut watch::Receiver<u64>, what: &str) {
-    match tokio::time::timeout(WITHIN, heard.changed()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(_)) => panic!("the listener stopped before {what}"),
-        Err(_) => panic!("nothing heard within {WITHIN:?} of {what}"),
+async fn rings(heard: &mut CommitNewsReceiver, what: &str) {
+    if tokio::time::timeout(WITHIN, heard.changed()).await.is_err() {
+        panic!("nothing heard within {WITHIN:?} of {what}");
     }
 }
 

@@ -110,12 +110,13 @@ impl Batcher {
             .send(Job { deletion, reply })
             .await
             .map_err(|_closed| StoreError::Stopped)?;
-        answer.await.unwrap_or(Err(StoreError::Stopped))
+        // The reply dropped unanswered: its worker ended during the commit.
+        answer.await.unwrap_or(Err(StoreError::OutcomeUnknown))
     }
 }
 
 /// Keeps a worker running: a panic in one commit fails that batch's requests (their
-/// replies are dropped, so they answer `Stopped`), not every later one.
+/// replies are dropped, so they answer `OutcomeUnknown`), not every later one.
 async fn supervise(worker: CommitWorker) {
     loop {
         match tokio::spawn(run_worker(worker.clone())).await {
@@ -189,7 +190,7 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
             if let Some(sizes) = &worker.sizes {
                 sizes.batch_committed(deletions.len());
             }
-            if outcomes.contains(&DeletionOutcome::Deleted) {
+            if outcomes.contains(&DeletionOutcome::Removed) {
                 worker.news.bump();
             }
             for (index, job) in repeats {
@@ -232,14 +233,14 @@ fn repeat_outcome(
 ) -> Option<DeletionOutcome> {
     let deleted_by_key = matches!(
         outcome,
-        DeletionOutcome::Deleted | DeletionOutcome::Replayed
+        DeletionOutcome::Removed | DeletionOutcome::Replayed
     );
     if first.same_key_as(repeat) && deleted_by_key {
         return replay_or_reuse(repeat, Some(first.plant_id));
     }
     let row_gone = matches!(
         outcome,
-        DeletionOutcome::Deleted | DeletionOutcome::NotFound
+        DeletionOutcome::Removed | DeletionOutcome::NotFound
     );
     if first.plant_id == repeat.plant_id && row_gone && repeat.idempotency_key.is_none() {
         return Some(DeletionOutcome::NotFound);
@@ -268,7 +269,7 @@ fn retry_alone(worker: &CommitWorker, deletion: Deletion, reply: Reply) {
             return;
         };
         let outcome = writer.delete_one(&deletion).await;
-        if matches!(outcome, Ok(DeletionOutcome::Deleted)) {
+        if matches!(outcome, Ok(DeletionOutcome::Removed)) {
             news.bump();
         }
         let _ = reply.send(outcome.and_then(answer));
@@ -277,12 +278,12 @@ fn retry_alone(worker: &CommitWorker, deletion: Deletion, reply: Reply) {
 
 fn answer(outcome: DeletionOutcome) -> Result<Deleted, StoreError> {
     match outcome {
-        DeletionOutcome::Deleted => Ok(Deleted::Now),
+        DeletionOutcome::Removed => Ok(Deleted::Now),
         DeletionOutcome::Replayed => Ok(Deleted::Replayed),
         DeletionOutcome::NotFound => Err(StoreError::NotFound),
         DeletionOutcome::KeyReused(plant_id) => Err(StoreError::KeyReused { plant_id }),
         // `delete_one` never answers it; should a backend do so, the outcome is unknown.
-        DeletionOutcome::RowLocked => Err(StoreError::Stopped),
+        DeletionOutcome::RowLocked => Err(StoreError::OutcomeUnknown),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Connections a writer keeps between its batches instead of returning them to the pool:
-//! sqlx pings a connection on every return to its pool, one more round trip (PostgreSQL,
-//! strace) or thread hop (SQLite) per batch.
+//! sqlx pings a connection on every return to its pool, one more round trip (PostgreSQL)
+//! or thread hop (SQLite) per batch.
 
 use std::sync::{Mutex, PoisonError};
 

@@ -8,7 +8,8 @@ use plantstore_store::{Deletion, StoreError};
 /// What a backend says about one deletion of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeletionOutcome {
-    Deleted,
+    /// The row is gone and its audit row written, in this batch.
+    Removed,
     NotFound,
     /// Another session holds the row: it is retried alone, waiting for the row, so the
     /// rest of its batch is not held up.
@@ -58,7 +59,7 @@ pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<Dele
 #[derive(Debug, Default)]
 pub struct BatchResult {
     /// Plants the statement deleted (and audited).
-    pub deleted: HashSet<i64>,
+    pub removed: HashSet<i64>,
     /// Plants still there after the statement: another session holds them (PostgreSQL
     /// skips locked rows), so they are retried alone. Always empty on SQLite.
     pub present: HashSet<i64>,
@@ -76,8 +77,8 @@ impl BatchResult {
             .map(|(index, deletion)| {
                 let earlier = self.earlier.get(&index).copied();
                 replay_or_reuse(deletion, earlier).unwrap_or_else(|| {
-                    if self.deleted.contains(&deletion.plant_id) {
-                        DeletionOutcome::Deleted
+                    if self.removed.contains(&deletion.plant_id) {
+                        DeletionOutcome::Removed
                     } else if self.present.contains(&deletion.plant_id) {
                         DeletionOutcome::RowLocked
                     } else {
@@ -108,12 +109,12 @@ mod tests {
     #[test]
     fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
         assert!(matches!(
-            one_each(2, vec![DeletionOutcome::Deleted]),
+            one_each(2, vec![DeletionOutcome::Removed]),
             Err(StoreError::Broken(_))
         ));
         assert!(matches!(only_outcome(vec![]), Err(StoreError::Broken(_))));
         assert!(matches!(
-            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Deleted]),
+            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Removed]),
             Err(StoreError::Broken(_))
         ));
         assert_eq!(
@@ -126,14 +127,14 @@ mod tests {
     fn each_deletion_reads_its_own_finding() {
         let batch: Vec<Deletion> = (1..=5).map(deletion).collect();
         let result = BatchResult {
-            deleted: HashSet::from([1]),
+            removed: HashSet::from([1]),
             present: HashSet::from([2]),
             earlier: HashMap::from([(3, 4), (4, 9)]),
         };
         assert_eq!(
             result.outcomes(&batch),
             [
-                DeletionOutcome::Deleted,
+                DeletionOutcome::Removed,
                 DeletionOutcome::RowLocked,
                 DeletionOutcome::NotFound,
                 DeletionOutcome::Replayed,

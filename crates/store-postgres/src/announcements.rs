@@ -76,7 +76,7 @@ pub(crate) struct Listening(Arc<Mutex<bool>>);
 impl Listening {
     /// Listens, unless a task does already, for as long as `news` has receivers: call it
     /// after subscribing.
-    pub(crate) fn keep_up(&self, pool: &PgPool, news: &CommitNews) {
+    pub(crate) fn start_unless_running(&self, pool: &PgPool, news: &CommitNews) {
         let mut running = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if !*running {
             *running = true;

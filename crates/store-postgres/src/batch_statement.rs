@@ -84,7 +84,7 @@ pub(crate) async fn run(
         .filter_map(|(at, plant)| Some((usize::try_from(*at).ok()?.checked_sub(1)?, *plant)))
         .collect();
     Ok(BatchResult {
-        deleted: row.deleted.into_iter().collect(),
+        removed: row.deleted.into_iter().collect(),
         present: row.present.into_iter().collect(),
         earlier,
     }

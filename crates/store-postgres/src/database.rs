@@ -90,7 +90,7 @@ impl Database {
         self.pool
             .acquire()
             .await
-            .map_err(|err| self.noticed(StoreError::Unavailable(Arc::new(err))))
+            .map_err(|err| self.report_to_failover(StoreError::Unavailable(Arc::new(err))))
     }
 
     /// A connection from the pool by `deadline`.
@@ -103,7 +103,7 @@ impl Database {
 
     /// A driver error as the interface has it.
     pub(crate) fn error(&self, err: sqlx::Error) -> StoreError {
-        self.noticed(classify(err))
+        self.report_to_failover(classify(err))
     }
 
     /// Waits for `work`, but no later than `deadline`: a server that stopped answering
@@ -115,12 +115,12 @@ impl Database {
     ) -> Result<T, StoreError> {
         wait_until(deadline, work)
             .await
-            .map_err(|err| self.noticed(err))
+            .map_err(|err| self.report_to_failover(err))
     }
 
     /// `err`, after failover heard of it (it searches the hosts again when the database
     /// is unavailable, read-only or too slow).
-    pub(crate) fn noticed(&self, err: StoreError) -> StoreError {
+    pub(crate) fn report_to_failover(&self, err: StoreError) -> StoreError {
         self.failover.notice(&err);
         err
     }
@@ -145,8 +145,8 @@ fn classify(err: sqlx::Error) -> StoreError {
 }
 
 /// The batch statement takes arrays, for which the planner never trusts a generic plan,
-/// so by default it is planned anew on every execution: 0.1-0.25 ms of a delete that
-/// otherwise takes 0.05 ms (`EXPLAIN ANALYZE`, PostgreSQL 15). The service's statements
+/// so by default it is planned anew on every execution, which costs more than the delete
+/// itself (bench/RESULTS.md, "Figures moved out of code comments"). The service's statements
 /// are all point lookups by key, which a generic plan serves as well. A server too old to
 /// know the setting (before 12) keeps planning each time; nothing else changes.
 async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {

@@ -1,5 +1,6 @@
-//! The writer: the commit workers' kept connections, a deletion retried alone on a
-//! locked row, and word to the other instances after each commit that deleted.
+//! The group commit's writer on PostgreSQL: the commit workers' kept connections, a
+//! deletion retried alone on a locked row, and word to the other instances after each
+//! commit that deleted.
 
 use async_trait::async_trait;
 use plantstore_group_commit::{
@@ -27,23 +28,23 @@ pub(crate) struct PgBatchWriter {
     idempotency_ttl: f64,
     /// Deletions waiting alone for a locked row may take only the connections the commit
     /// workers do not need.
-    alone: Semaphore,
+    lone_retry_slots: Semaphore,
     announcer: Announcer,
 }
 
 impl PgBatchWriter {
-    /// `alone`: how many deletions may wait alone for a locked row at once.
-    pub(crate) fn new(db: Database, idempotency_ttl: f64, alone: usize) -> Self {
+    /// `lone_retries`: how many deletions may wait alone for a locked row at once.
+    pub(crate) fn new(db: Database, idempotency_ttl: f64, lone_retries: usize) -> Self {
         Self {
             announcer: Announcer::start(db.clone()),
             db,
             kept: KeptConnections::default(),
             idempotency_ttl,
-            alone: Semaphore::new(alone),
+            lone_retry_slots: Semaphore::new(lone_retries),
         }
     }
 
-    /// The alone path's transaction on `conn`: every statement, and the commit, within the
+    /// A lone retry's transaction on `conn`: every statement, and the commit, within the
     /// deadline.
     async fn delete_limited(
         &self,
@@ -101,7 +102,7 @@ impl BatchWriter for PgBatchWriter {
         match committed {
             Ok(outcomes) => {
                 self.kept.keep(kept);
-                if outcomes.contains(&DeletionOutcome::Deleted) {
+                if outcomes.contains(&DeletionOutcome::Removed) {
                     self.announcer.announce();
                 }
                 Ok(outcomes)
@@ -119,7 +120,10 @@ impl BatchWriter for PgBatchWriter {
     async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError> {
         let deadline = deletion.deadline;
         let _permit = wait_until(deadline, async {
-            self.alone.acquire().await.map_err(|_| StoreError::Stopped)
+            self.lone_retry_slots
+                .acquire()
+                .await
+                .map_err(|_| StoreError::Stopped)
         })
         .await?;
         // Waits for a locked row up to what the deadline leaves; a concurrent delete of the
@@ -132,7 +136,7 @@ impl BatchWriter for PgBatchWriter {
             .within(deadline, self.delete_limited(&mut conn, deadline, deletion))
             .await;
         match committed {
-            Ok(DeletionOutcome::Deleted) => self.announcer.announce(),
+            Ok(DeletionOutcome::Removed) => self.announcer.announce(),
             Ok(_) => {}
             // It may be broken or on a server that turned read-only: not reused.
             Err(_) => conn.close_on_drop(),
@@ -188,6 +192,6 @@ async fn delete_row(
     Ok(if deleted.is_empty() {
         DeletionOutcome::NotFound
     } else {
-        DeletionOutcome::Deleted
+        DeletionOutcome::Removed
     })
 }

@@ -19,9 +19,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use plantstore_group_commit::Batcher;
 use plantstore_store::{
-    Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats, backend::CommitNews,
+    CommitNewsReceiver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
+    backend::CommitNews,
 };
-use tokio::sync::watch;
 
 use announcements::Listening;
 use database::Database;
@@ -62,13 +62,13 @@ impl PostgresStore {
         let workers = commit_workers(settings.max_connections);
         // Deletions waiting alone for a locked row may take only the connections the
         // commit workers do not need.
-        let alone = (settings.max_connections as usize)
+        let lone_retries = (settings.max_connections as usize)
             .saturating_sub(workers)
             .max(1);
         let writer = Arc::new(PgBatchWriter::new(
             db.clone(),
             settings.idempotency_ttl.as_secs_f64(),
-            alone,
+            lone_retries,
         ));
         let news = CommitNews::default();
         let batcher = Batcher::start(
@@ -112,7 +112,7 @@ impl Store for PostgresStore {
         .map_err(|err| db.error(err));
         let refused = match read_only.map(|rows| rows.first().copied().unwrap_or(true)) {
             Ok(false) => return Ok(()),
-            Ok(true) => db.noticed(StoreError::ReadOnly),
+            Ok(true) => db.report_to_failover(StoreError::ReadOnly),
             Err(err) => err,
         };
         conn.close_on_drop();
@@ -146,9 +146,10 @@ impl Store for PostgresStore {
         }
     }
 
-    fn commits(&self) -> watch::Receiver<u64> {
+    fn commits(&self) -> CommitNewsReceiver {
         let receiver = self.news.subscribe();
-        self.listening.keep_up(self.db.pool(), &self.news);
+        self.listening
+            .start_unless_running(self.db.pool(), &self.news);
         receiver
     }
 

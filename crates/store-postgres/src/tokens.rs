@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord, Tokens, backend::found};
+use plantstore_store::{StoreError, TokenRecord, Tokens, backend::not_found_if_none};
 
 use crate::PostgresStore;
 
@@ -48,7 +48,7 @@ impl Tokens for PostgresStore {
         .execute(&mut *self.db.conn().await?)
         .await
         .map_err(|err| self.db.error(err))?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]

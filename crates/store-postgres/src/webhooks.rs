@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
-    StreamPosition, Webhooks,
-    backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
+    DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
+    StoreError, StreamPosition, Webhooks,
+    backend::{EndpointRow, EventRow, LeaseRow, event_list, not_found_if_none},
 };
 
 use crate::{PostgresStore, database::APPLICATION_NAME};
@@ -65,7 +65,7 @@ impl Webhooks for PostgresStore {
             .execute(&mut *self.db.conn().await?)
             .await
             .map_err(|err| self.db.error(err))?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self, secret))]
@@ -103,7 +103,7 @@ impl Webhooks for PostgresStore {
         .execute(&mut *self.db.conn().await?)
         .await
         .map_err(|err| self.db.error(err))?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]
@@ -143,7 +143,7 @@ impl Webhooks for PostgresStore {
     async fn claim_endpoints(
         &self,
         owner: &str,
-        lease: Duration,
+        lease_length: Duration,
     ) -> Result<Vec<Lease>, StoreError> {
         // The database's clock, not the instances': theirs may disagree.
         let rows = sqlx::query_as!(
@@ -157,7 +157,7 @@ impl Webhooks for PostgresStore {
                        AS \"previous_secret?\",
                    http2, generation, cursor_pos, cursor_kind, cursor_id",
             owner,
-            lease.as_secs_f64()
+            lease_length.as_secs_f64()
         )
         .fetch_all(&mut *self.db.conn().await?)
         .await
@@ -180,8 +180,8 @@ impl Webhooks for PostgresStore {
         // ended meanwhile, or is prepared) still counts: only a stall, never a skip, comes of
         // doubt. Each kind is read in its index's order and cut at `limit`, so a read costs
         // what it returns, not the whole backlog.
-        let (deletes_xid, deletes_id) = after.after_for(0);
-        let (restores_xid, restores_id) = after.after_for(1);
+        let (deletes_xid, deletes_id) = after.after_for(EventKind::PlantDeleted);
+        let (restores_xid, restores_id) = after.after_for(EventKind::PlantRestored);
         let rows = sqlx::query_as!(
             EventRow,
             r#"WITH snapshot AS (SELECT pg_current_snapshot() AS taken),

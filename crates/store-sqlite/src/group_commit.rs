@@ -94,7 +94,7 @@ async fn commit_batch(
             .into_iter()
             .collect();
     let outcomes = BatchResult {
-        deleted: deleted.keys().copied().collect(),
+        removed: deleted.keys().copied().collect(),
         // SQLite has no row locks: nothing is held by another session.
         present: HashSet::new(),
         earlier,
@@ -104,7 +104,7 @@ async fn commit_batch(
         let audit: Vec<AuditRow<'_>> = batch
             .iter()
             .zip(&outcomes)
-            .filter(|(_, outcome)| **outcome == DeletionOutcome::Deleted)
+            .filter(|(_, outcome)| **outcome == DeletionOutcome::Removed)
             .map(|(d, _)| {
                 (
                     d.plant_id,

@@ -16,13 +16,12 @@ use std::{str::FromStr, sync::Arc};
 use async_trait::async_trait;
 use plantstore_group_commit::Batcher;
 use plantstore_store::{
-    Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
+    CommitNewsReceiver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
     backend::{CommitNews, probe},
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use tokio::sync::watch;
 
 use errors::classify;
 use group_commit::SqliteBatchWriter;
@@ -145,7 +144,7 @@ impl Store for SqliteStore {
     }
 
     /// Another process's commits are found by delivery's poll.
-    fn commits(&self) -> watch::Receiver<u64> {
+    fn commits(&self) -> CommitNewsReceiver {
         self.news.subscribe()
     }
 

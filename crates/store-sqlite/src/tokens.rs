@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use plantstore_store::{StoreError, TokenRecord, Tokens, backend::found};
+use plantstore_store::{StoreError, TokenRecord, Tokens, backend::not_found_if_none};
 
 use crate::{SqliteStore, errors::classify};
 
@@ -51,7 +51,7 @@ impl Tokens for SqliteStore {
         .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]

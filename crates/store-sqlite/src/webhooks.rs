@@ -7,9 +7,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, Lease, NewEndpoint, ReplayOutcome, StoreError,
-    StreamPosition, Webhooks,
-    backend::{EndpointRow, EventRow, LeaseRow, event_list, found},
+    DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
+    StoreError, StreamPosition, Webhooks,
+    backend::{EndpointRow, EventRow, LeaseRow, event_list, not_found_if_none},
     time::{LAST_STORABLE_TIME, storable_after},
 };
 
@@ -68,7 +68,7 @@ impl Webhooks for SqliteStore {
             .execute(self.write_connection.lock().await?.conn()?)
             .await
             .map_err(classify)?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self, secret))]
@@ -90,7 +90,7 @@ impl Webhooks for SqliteStore {
         .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
-        found(done.rows_affected())?;
+        not_found_if_none(done.rows_affected())?;
         Ok(until)
     }
 
@@ -106,7 +106,7 @@ impl Webhooks for SqliteStore {
         .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
-        found(done.rows_affected())
+        not_found_if_none(done.rows_affected())
     }
 
     #[tracing::instrument(skip(self))]
@@ -145,10 +145,10 @@ impl Webhooks for SqliteStore {
     async fn claim_endpoints(
         &self,
         owner: &str,
-        lease: Duration,
+        lease_length: Duration,
     ) -> Result<Vec<Lease>, StoreError> {
         let now = Utc::now();
-        let until = storable_after(now, lease).unwrap_or(LAST_STORABLE_TIME);
+        let until = storable_after(now, lease_length).unwrap_or(LAST_STORABLE_TIME);
         let rows = sqlx::query_as!(
             LeaseRow,
             r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
@@ -178,8 +178,8 @@ impl Webhooks for SqliteStore {
         after: StreamPosition,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError> {
-        let (deletes_pos, deletes_id) = after.after_for(0);
-        let (restores_pos, restores_id) = after.after_for(1);
+        let (deletes_pos, deletes_id) = after.after_for(EventKind::PlantDeleted);
+        let (restores_pos, restores_id) = after.after_for(EventKind::PlantRestored);
         let rows = sqlx::query_as!(
             EventRow,
             r#"SELECT pos AS "pos!: i64", kind AS "kind!: i64", seq AS "seq!: i64",

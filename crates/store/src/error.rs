@@ -49,9 +49,14 @@ pub enum StoreError {
     #[error("the request's deadline passed before the database answered")]
     TimedOut,
 
-    /// The store is shutting down, or a worker of it stopped before answering.
+    /// The store is shutting down: the request was not started.
     #[error("the store stopped before answering")]
     Stopped,
+
+    /// A group-commit worker ended (a panic) or a backend broke its word while the
+    /// request's delete was under way: it may or may not have committed.
+    #[error("the outcome of the delete is unknown")]
+    OutcomeUnknown,
 
     #[error("database error: {0}")]
     Other(#[source] Arc<sqlx::Error>),

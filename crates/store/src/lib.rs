@@ -105,7 +105,7 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
     /// replays) in this process, and on PostgreSQL in any process on the same database
     /// (heard while a receiver is kept; a lost connection counts as a change, since what
     /// was said meanwhile went unheard). One change may stand for many commits.
-    fn commits(&self) -> watch::Receiver<u64>;
+    fn commits(&self) -> CommitNewsReceiver;
 
     /// Waits for in-flight work and closes every connection.
     async fn close(&self);
@@ -143,6 +143,26 @@ pub trait Tokens: Send + Sync {
     async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
 
     async fn count_tokens(&self) -> Result<i64, StoreError>;
+}
+
+/// News of commits that wrote to the deletion log, as [`Store::commits`] hands it out: it
+/// says only that there were some since the last look, never how many, so a reader reads
+/// everything new.
+#[derive(Debug, Clone)]
+pub struct CommitNewsReceiver(watch::Receiver<u64>);
+
+impl CommitNewsReceiver {
+    /// Resolves once there is news since the last look; never, once the store is gone.
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Takes what was said so far as seen: only a commit after this is news.
+    pub fn mark_seen(&mut self) {
+        self.0.mark_unchanged();
+    }
 }
 
 /// Told the size of each group commit once it committed, for whatever keeps such figures

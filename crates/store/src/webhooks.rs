@@ -9,9 +9,9 @@ use chrono::{DateTime, Utc};
 use crate::{DeletionRecord, StoreError};
 
 /// A place in the event stream. Events are ordered by `(pos, kind, seq)`: `pos` is the
-/// backend's commit-ordered position, `kind` 0 a delete and 1 a restore, `seq` the order
-/// among events of one position and kind (the deletion log entry, or on SQLite a
-/// restore's own sequence number).
+/// backend's commit-ordered position, `kind` an `EventKind`'s `stream_order` (as the
+/// cursor is stored), `seq` the order among events of one position and kind (the deletion
+/// log entry, or on SQLite a restore's own sequence number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct StreamPosition {
     pub pos: i64,
@@ -23,8 +23,8 @@ impl StreamPosition {
     /// The `(pos, seq)` that the events of `kind` must be above to come after this
     /// position: so each kind is read from its own index, in its own order, and only as
     /// far as needed.
-    pub fn after_for(self, kind: i64) -> (i64, i64) {
-        match kind.cmp(&self.kind) {
+    pub fn after_for(self, kind: EventKind) -> (i64, i64) {
+        match kind.stream_order().cmp(&self.kind) {
             std::cmp::Ordering::Greater => (self.pos, i64::MIN),
             std::cmp::Ordering::Equal => (self.pos, self.seq),
             std::cmp::Ordering::Less => (self.pos, i64::MAX),
@@ -32,26 +32,35 @@ impl StreamPosition {
     }
 }
 
+/// What happened to a plant, as an event tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
-    Deleted,
-    Restored,
+    PlantDeleted,
+    PlantRestored,
 }
 
 impl EventKind {
     /// Every type, in the order lists show them.
-    pub const ALL: [EventKind; 2] = [EventKind::Deleted, EventKind::Restored];
+    pub const ALL: [EventKind; 2] = [EventKind::PlantDeleted, EventKind::PlantRestored];
 
     /// The event type as bodies and `--events` name it.
     pub fn name(self) -> &'static str {
         match self {
-            EventKind::Deleted => "plant.deleted",
-            EventKind::Restored => "plant.restored",
+            EventKind::PlantDeleted => "plant.deleted",
+            EventKind::PlantRestored => "plant.restored",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Where events of this kind stand among those of one stream position: deletes first.
+    pub fn stream_order(self) -> i64 {
+        match self {
+            EventKind::PlantDeleted => 0,
+            EventKind::PlantRestored => 1,
+        }
     }
 }
 
@@ -101,8 +110,8 @@ impl TryFrom<i64> for EventKind {
 
     fn try_from(code: i64) -> Result<Self, StoreError> {
         match code {
-            0 => Ok(EventKind::Deleted),
-            1 => Ok(EventKind::Restored),
+            0 => Ok(EventKind::PlantDeleted),
+            1 => Ok(EventKind::PlantRestored),
             _ => Err(StoreError::Broken("an event of an unknown kind")),
         }
     }
@@ -120,7 +129,7 @@ impl Event {
     /// When it happened: the restore's time for a restore, else the delete's.
     pub fn happened_at(&self) -> DateTime<Utc> {
         match (self.kind, self.entry.restored_at) {
-            (EventKind::Restored, Some(restored_at)) => restored_at,
+            (EventKind::PlantRestored, Some(restored_at)) => restored_at,
             _ => self.entry.deleted_at,
         }
     }
@@ -235,10 +244,13 @@ pub trait Webhooks: Send + Sync {
     /// Moves an endpoint's cursor back to just before deletion log entry `from`.
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError>;
 
-    /// Takes or renews, for `lease`, the lease of every endpoint not disabled and not held
+    /// Takes or renews, for `lease_length`, the lease of every endpoint not disabled and not held
     /// by another instance; returns all this `owner` holds now.
-    async fn claim_endpoints(&self, owner: &str, lease: Duration)
-    -> Result<Vec<Lease>, StoreError>;
+    async fn claim_endpoints(
+        &self,
+        owner: &str,
+        lease_length: Duration,
+    ) -> Result<Vec<Lease>, StoreError>;
 
     /// Up to `limit` events after `after`, in stream order; only events whose place can
     /// no longer be taken by a later commit.
@@ -269,11 +281,11 @@ mod tests {
     fn each_kind_is_read_from_just_after_the_position() {
         let at = |pos, kind, seq| StreamPosition { pos, kind, seq };
         for cursor in [at(10, 0, 5), at(10, 1, 5), at(10, 2, 0), at(10, 0, 9)] {
-            for kind in [0, 1] {
+            for kind in EventKind::ALL {
                 let (pos, seq) = cursor.after_for(kind);
                 for event_pos in 9..=11 {
                     for event_id in [i64::MIN + 1, 4, 5, 6, 100] {
-                        let event = at(event_pos, kind, event_id);
+                        let event = at(event_pos, kind.stream_order(), event_id);
                         assert_eq!(
                             event > cursor,
                             (event_pos, event_id) > (pos, seq),

@@ -355,6 +355,11 @@ impl From<StoreError> for ApiError {
                 tracing::warn!(error = %err, "database unavailable");
                 ApiError::Unavailable
             }
+            // A retry is safe: it finds the plant gone (404), or replays its key's 204.
+            StoreError::OutcomeUnknown => {
+                tracing::error!(error = %err, "a delete's outcome is unknown");
+                ApiError::Unavailable
+            }
             StoreError::TimedOut => ApiError::DeadlineExceeded,
             other => {
                 tracing::error!(error = %other, "database error");

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::CommitNewsReceiver;
+
 /// A counter bumped after each commit that wrote deletion log entries (a group commit
 /// with a delete in it, a restore, a replay), and on PostgreSQL when another process's
 /// commit is heard. Receivers only learn that it changed: one change may stand for many
@@ -18,8 +20,8 @@ impl CommitNews {
         self.0.send_modify(|count| *count = count.wrapping_add(1));
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.0.subscribe()
+    pub fn subscribe(&self) -> CommitNewsReceiver {
+        CommitNewsReceiver(self.0.subscribe())
     }
 
     /// Resolves once no receiver is left: nobody needs the news from elsewhere any more.
@@ -40,11 +42,11 @@ mod tests {
     fn many_commits_before_a_look_are_one_change() {
         let news = CommitNews::default();
         let mut receiver = news.subscribe();
-        assert!(!receiver.has_changed().unwrap_or(true));
+        assert!(!receiver.0.has_changed().unwrap_or(true));
         news.bump();
         news.bump();
-        assert!(receiver.has_changed().unwrap_or(false));
-        receiver.mark_unchanged();
-        assert!(!receiver.has_changed().unwrap_or(true));
+        assert!(receiver.0.has_changed().unwrap_or(false));
+        receiver.mark_seen();
+        assert!(!receiver.0.has_changed().unwrap_or(true));
     }
 }

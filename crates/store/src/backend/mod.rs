@@ -13,7 +13,7 @@ pub use rows::{EndpointRow, EventRow, LeaseRow, event_list};
 pub use schema::{SchemaFacts, probe, schema_verdict};
 
 /// `StoreError::NotFound` when a statement that names one row by its key changed none.
-pub fn found(rows_affected: u64) -> Result<(), crate::StoreError> {
+pub fn not_found_if_none(rows_affected: u64) -> Result<(), crate::StoreError> {
     if rows_affected == 0 {
         Err(crate::StoreError::NotFound)
     } else {
