@@ -6,10 +6,9 @@ use anyhow::{Context, bail};
 use chrono::{DateTime, Utc};
 use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store, time::before_now};
-use serde_json::value::RawValue;
 
 use super::output::{out, time};
-use crate::config::parse_duration;
+use crate::{config::parse_duration, webhooks::EntryJson};
 
 #[derive(Debug, Subcommand)]
 pub enum DeletionsCommand {
@@ -114,12 +113,8 @@ fn ago(duration: Duration) -> anyhow::Result<DateTime<Utc>> {
 #[derive(serde::Serialize)]
 struct JsonEntry<'a> {
     id: i64,
-    plant_id: i64,
-    caller: &'a str,
-    request_id: &'a str,
-    idempotency_key: Option<&'a str>,
-    deleted_at: String,
-    snapshot: Option<Box<RawValue>>,
+    #[serde(flatten)]
+    entry: EntryJson<'a>,
     restored_at: Option<String>,
     restored_by: Option<&'a str>,
 }
@@ -129,12 +124,7 @@ fn as_json(entries: &[DeletionRecord]) -> serde_json::Result<String> {
         .iter()
         .map(|entry| JsonEntry {
             id: entry.id,
-            plant_id: entry.plant_id,
-            caller: &entry.caller,
-            request_id: &entry.request_id,
-            idempotency_key: entry.idempotency_key.as_deref(),
-            deleted_at: time(entry.deleted_at),
-            snapshot: entry.snapshot_json(),
+            entry: EntryJson::new(entry, time),
             restored_at: entry.restored_at.map(time),
             restored_by: entry.restored_by.as_deref(),
         })

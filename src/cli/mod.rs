@@ -126,21 +126,13 @@ impl Cli {
 
     pub async fn run(self) -> anyhow::Result<()> {
         let mut config = self.config;
-        let Some(command) = self.command else {
-            return serve::run(&config).await;
-        };
-        match command {
-            Command::Serve(serve_config) => {
+        let command = match self.command {
+            None => return serve::run(&config).await,
+            Some(Command::Serve(serve_config)) => {
                 config.serve = *serve_config;
-                serve::run(&config).await
+                return serve::run(&config).await;
             }
-            Command::Migrate => {
-                config.migrate = true;
-                database::open(&config, None).await?.close().await;
-                out!("migrations applied");
-                Ok(())
-            }
-            Command::Openapi { format } => {
+            Some(Command::Openapi { format }) => {
                 let document = http::document()?;
                 match format {
                     DocumentFormat::Json => out!("{document:#}"),
@@ -148,41 +140,42 @@ impl Cli {
                         output::write_out(format_args!("{}", http::yaml(&document)?))
                     }
                 }
-                Ok(())
+                return Ok(());
             }
-            Command::Token(command) => {
-                let store = database::open(&config, None).await?;
-                let outcome = tokens::run(store.as_ref(), command).await;
-                store.close().await;
-                outcome
-            }
-            Command::Deletions(command) => {
-                let store = database::open(&config, None).await?;
-                let outcome = deletions::run(store.as_ref(), command).await;
-                store.close().await;
-                outcome
-            }
-            Command::Webhooks(command) => {
-                let store = database::open(&config, None).await?;
-                let outcome = webhooks::run(store.as_ref(), command).await;
-                store.close().await;
-                outcome
-            }
-            Command::Completions { shell } => {
+            Some(Command::Completions { shell }) => {
                 // Into a buffer first: clap_complete panics on a failed write (`| head`).
                 let mut script = Vec::new();
                 clap_complete::generate(shell, &mut Cli::command(), "plantstore", &mut script);
                 output::write_out(format_args!("{}", String::from_utf8_lossy(&script)));
+                return Ok(());
+            }
+            Some(Command::Migrate) => {
+                config.migrate = true;
+                Command::Migrate
+            }
+            Some(command) => command,
+        };
+        // Every other command works on the store: opened (and migrated or checked) here,
+        // and closed here whatever the command came to.
+        let store = database::open(&config, None).await?;
+        let outcome = match command {
+            Command::Token(command) => tokens::run(store.as_ref(), command).await,
+            Command::Deletions(command) => deletions::run(store.as_ref(), command).await,
+            Command::Webhooks(command) => webhooks::run(store.as_ref(), command).await,
+            Command::Seed { count } => store
+                .seed_plants(count)
+                .await
+                .map_err(Into::into)
+                .map(|added| out!("added {added} missing demo plants with ids 1..={count}")),
+            Command::Migrate => {
+                out!("migrations applied");
                 Ok(())
             }
-            Command::Seed { count } => {
-                let store = database::open(&config, None).await?;
-                let added = store.seed_plants(count).await;
-                store.close().await;
-                out!("added {} missing demo plants with ids 1..={count}", added?);
-                Ok(())
-            }
-        }
+            // Answered above, without a store.
+            Command::Serve(_) | Command::Openapi { .. } | Command::Completions { .. } => Ok(()),
+        };
+        store.close().await;
+        outcome
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use plantstore_store::{Event, EventKind};
+use plantstore_store::{DeletionRecord, Event, EventKind};
 use reqwest::{
     Client, StatusCode, Url,
     header::{self, HeaderMap},
@@ -167,6 +167,32 @@ pub(super) fn webhook_id(event: &Event) -> String {
     }
 }
 
+/// A deletion log entry's own fields as JSON, in one order for an event's `data` and for
+/// `plantstore deletions list --json`, each with its id and restore fields around it.
+#[derive(serde::Serialize)]
+pub(crate) struct EntryJson<'a> {
+    plant_id: i64,
+    caller: &'a str,
+    request_id: &'a str,
+    idempotency_key: Option<&'a str>,
+    deleted_at: String,
+    snapshot: Option<Box<RawValue>>,
+}
+
+impl<'a> EntryJson<'a> {
+    /// `entry`, its time written by `time`.
+    pub(crate) fn new(entry: &'a DeletionRecord, time: fn(DateTime<Utc>) -> String) -> Self {
+        Self {
+            plant_id: entry.plant_id,
+            caller: &entry.caller,
+            request_id: &entry.request_id,
+            idempotency_key: entry.idempotency_key.as_deref(),
+            deleted_at: time(entry.deleted_at),
+            snapshot: entry.snapshot_json(),
+        }
+    }
+}
+
 #[derive(serde::Serialize)]
 struct Body<'a> {
     #[serde(rename = "type")]
@@ -178,12 +204,8 @@ struct Body<'a> {
 #[derive(serde::Serialize)]
 struct Data<'a> {
     deletion_id: i64,
-    plant_id: i64,
-    caller: &'a str,
-    request_id: &'a str,
-    idempotency_key: Option<&'a str>,
-    deleted_at: String,
-    snapshot: Option<Box<RawValue>>,
+    #[serde(flatten)]
+    entry: EntryJson<'a>,
     #[serde(skip_serializing_if = "Option::is_none")]
     restored_at: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -199,12 +221,7 @@ pub(super) fn body(event: &Event) -> String {
         timestamp: time(event.happened_at()),
         data: Data {
             deletion_id: entry.id,
-            plant_id: entry.plant_id,
-            caller: &entry.caller,
-            request_id: &entry.request_id,
-            idempotency_key: entry.idempotency_key.as_deref(),
-            deleted_at: time(entry.deleted_at),
-            snapshot: entry.snapshot_json(),
+            entry: EntryJson::new(entry, time),
             restored_at: entry.restored_at.filter(|_| restored).map(time),
             restored_by: entry.restored_by.as_deref().filter(|_| restored),
         },

@@ -7,6 +7,8 @@ mod delivery_loop;
 mod pending;
 pub mod signature;
 
+pub(crate) use attempt::EntryJson;
+
 use std::{
     collections::{HashMap, HashSet},
     sync::Arc,

@@ -11,7 +11,7 @@ use crate::{
         Backend, DbPool, TestApp, TestDb, assert_request_id, plantstore_on, refused, spawn_app,
         spawn_app_on, succeeded,
     },
-    on_both_backends,
+    on_both_backends, on_either_pool,
 };
 
 on_both_backends!(
@@ -132,10 +132,10 @@ fn typed_table(backend: Backend) -> (&'static str, &'static str) {
 }
 
 async fn row_text(db: &TestDb, sql: &'static str, id: i64) -> Option<String> {
-    match &db.pool {
-        DbPool::Sqlite(pool) => sqlx::query_scalar(sql).bind(id).fetch_optional(pool).await,
-        DbPool::Postgres(pool) => sqlx::query_scalar(sql).bind(id).fetch_optional(pool).await,
-    }
+    on_either_pool!(&db.pool, |pool| sqlx::query_scalar(sql)
+        .bind(id)
+        .fetch_optional(pool)
+        .await)
     .expect("read the row")
     .flatten()
 }
@@ -318,11 +318,7 @@ async fn an_install_from_before_snapshots_is_upgraded_in_place(backend: Backend)
         .await
         .expect("the migrations");
     migrator.dangerous_set_table_name("plantstore_migrations");
-    match &db.pool {
-        DbPool::Sqlite(pool) => migrator.run_to(2, pool).await,
-        DbPool::Postgres(pool) => migrator.run_to(2, pool).await,
-    }
-    .expect("migrate to version 2");
+    on_either_pool!(&db.pool, |pool| migrator.run_to(2, pool).await).expect("migrate to version 2");
     db.execute(
         "INSERT INTO plants (id, name) VALUES (1, 'fern');
          INSERT INTO plantstore_deletions (plant_id, token_name, request_id, deleted_at)

@@ -39,6 +39,18 @@ macro_rules! on_both_backends {
     )*};
 }
 
+/// `$body` with `$pool` bound to the test database's pool, whichever backend holds it: the
+/// one place the two pool types are told apart for a query both backends run.
+#[macro_export]
+macro_rules! on_either_pool {
+    ($db_pool:expr, |$pool:ident| $body:expr) => {
+        match $db_pool {
+            $crate::helpers::DbPool::Sqlite($pool) => $body,
+            $crate::helpers::DbPool::Postgres($pool) => $body,
+        }
+    };
+}
+
 /// A database made for one test, and a pool of the test's own to set it up and inspect it.
 pub struct TestDb {
     pub url: String,
@@ -132,19 +144,19 @@ impl TestDb {
 
     /// Runs setup SQL (one or more statements).
     pub async fn execute(&self, sql: &'static str) {
-        match &self.pool {
-            DbPool::Sqlite(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
-            DbPool::Postgres(pool) => sqlx::raw_sql(sql).execute(pool).await.map(drop),
-        }
+        on_either_pool!(&self.pool, |pool| sqlx::raw_sql(sql)
+            .execute(pool)
+            .await
+            .map(drop))
         .unwrap_or_else(|err| panic!("setup SQL failed: {err}\n{sql}"));
     }
 
     /// A count-like query with one `$1` argument.
     pub async fn scalar(&self, sql: &'static str, arg: i64) -> i64 {
-        match &self.pool {
-            DbPool::Sqlite(pool) => sqlx::query_scalar(sql).bind(arg).fetch_one(pool).await,
-            DbPool::Postgres(pool) => sqlx::query_scalar(sql).bind(arg).fetch_one(pool).await,
-        }
+        on_either_pool!(&self.pool, |pool| sqlx::query_scalar(sql)
+            .bind(arg)
+            .fetch_one(pool)
+            .await)
         .unwrap_or_else(|err| panic!("query failed: {err}\n{sql}"))
     }
 
@@ -157,10 +169,10 @@ impl TestDb {
     /// (token name, request id) of each audit row for a plant.
     pub async fn deletions(&self, plant_id: i64) -> Vec<(String, String)> {
         let sql = "SELECT token_name, request_id FROM plantstore_deletions WHERE plant_id = $1";
-        match &self.pool {
-            DbPool::Sqlite(pool) => sqlx::query_as(sql).bind(plant_id).fetch_all(pool).await,
-            DbPool::Postgres(pool) => sqlx::query_as(sql).bind(plant_id).fetch_all(pool).await,
-        }
+        on_either_pool!(&self.pool, |pool| sqlx::query_as(sql)
+            .bind(plant_id)
+            .fetch_all(pool)
+            .await)
         .expect("read the audit table")
     }
 
@@ -168,20 +180,16 @@ impl TestDb {
     pub async fn audit_log(&self) -> Vec<(i64, String, Option<String>)> {
         let sql =
             "SELECT plant_id, token_name, idempotency_key FROM plantstore_deletions ORDER BY id";
-        match &self.pool {
-            DbPool::Sqlite(pool) => sqlx::query_as(sql).fetch_all(pool).await,
-            DbPool::Postgres(pool) => sqlx::query_as(sql).fetch_all(pool).await,
-        }
-        .expect("read the audit table")
+        on_either_pool!(&self.pool, |pool| sqlx::query_as(sql).fetch_all(pool).await)
+            .expect("read the audit table")
     }
 
     /// The id of every deletion log entry, lowest first.
     pub async fn deletion_ids(&self) -> Vec<i64> {
         let sql = "SELECT id FROM plantstore_deletions ORDER BY id";
-        match &self.pool {
-            DbPool::Sqlite(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
-            DbPool::Postgres(pool) => sqlx::query_scalar(sql).fetch_all(pool).await,
-        }
+        on_either_pool!(&self.pool, |pool| sqlx::query_scalar(sql)
+            .fetch_all(pool)
+            .await)
         .expect("read the deletion log")
     }
 
@@ -324,10 +332,11 @@ impl TestApp {
     pub async fn add_plants(&self, ids: &[i64]) {
         for &id in ids {
             let sql = "INSERT INTO plants (id, name) VALUES ($1, 'fern')";
-            match &self.db.pool {
-                DbPool::Sqlite(pool) => sqlx::query(sql).bind(id).execute(pool).await.map(drop),
-                DbPool::Postgres(pool) => sqlx::query(sql).bind(id).execute(pool).await.map(drop),
-            }
+            on_either_pool!(&self.db.pool, |pool| sqlx::query(sql)
+                .bind(id)
+                .execute(pool)
+                .await
+                .map(drop))
             .expect("insert a plant");
         }
     }
@@ -490,18 +499,11 @@ impl TestDb {
         let sql = format!(
             "SELECT COUNT(DISTINCT deleted_at) FROM plantstore_deletions WHERE plant_id IN ({list})"
         );
-        match &self.pool {
-            DbPool::Sqlite(pool) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .fetch_one(pool)
-                    .await
-            }
-            DbPool::Postgres(pool) => {
-                sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                    .fetch_one(pool)
-                    .await
-            }
-        }
+        on_either_pool!(&self.pool, |pool| {
+            sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .fetch_one(pool)
+                .await
+        })
         .expect("read the audit table")
     }
 }
