@@ -41,8 +41,7 @@ async fn delete_as_one_batch(
         app.db.wait_for_blocked_commits(1).await;
         let answers = join_all(ids.iter().map(|id| app.delete_id(*id)));
         let release = async {
-            // Long enough for every request to reach the queue.
-            tokio::time::sleep(Duration::from_millis(300)).await;
+            app.wait_until_queued(ids.len()).await;
             hold.release().await;
         };
         tokio::join!(answers, release).0

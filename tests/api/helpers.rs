@@ -13,7 +13,7 @@ use serde_json::Value;
 use sqlx::{Connection, Executor, PgConnection, PgPool, SqlitePool};
 use tokio::task::JoinHandle;
 
-use crate::pg_server;
+use crate::fixtures::pg_server;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -37,6 +37,46 @@ macro_rules! on_both_backends {
             }
         }
     )*};
+}
+
+/// Polls `check` every 50 ms until it gives a value, and returns it; fails the test
+/// naming `what` when `within` passes first. Tests wait for the state they expect this way.
+pub async fn eventually<T, F: Future<Output = Option<T>>>(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> F,
+) -> T {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+impl TestApp {
+    /// Waits until `count` deletes wait in the group commit's queue (`/metrics`), so a
+    /// held commit's followers are all queued before it is let go.
+    pub async fn wait_until_queued(&self, count: usize) {
+        let what = format!("{count} deletes queued");
+        eventually(Duration::from_secs(10), &what, || async {
+            let scraped = crate::metrics::scrape(self).await;
+            let queued = scraped.get("plantstore_delete_queue_waiting").copied();
+            queued.filter(|queued| *queued >= count as f64)
+        })
+        .await;
+    }
+}
+
+/// The one fixed wait a test may make: the window in which it shows that something does
+/// not happen (no repeat arrives, nothing goes to a disabled endpoint), named as such.
+pub async fn nothing_happens_within(window: Duration) {
+    tokio::time::sleep(window).await;
 }
 
 /// `$body` with `$pool` bound to the test database's pool, whichever backend holds it: the

@@ -23,7 +23,6 @@ mod layers;
 mod metrics;
 mod ops;
 mod outage;
-mod pg_server;
 mod reference;
 mod routing;
 mod scale_out;

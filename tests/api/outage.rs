@@ -60,7 +60,8 @@ async fn a_request_past_its_deadline_is_503_on_time_and_loses_nothing(backend: B
         "answered after {took:?}"
     );
     hold.release().await;
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // A commit sent before the deadline could still land: none does.
+    crate::helpers::nothing_happens_within(std::time::Duration::from_millis(500)).await;
     assert_eq!(
         app.db.plant_exists(1).await,
         app.db.deletions(1).await.is_empty(),
@@ -101,7 +102,7 @@ async fn deletes_answered_503_commit_nothing_after_the_holder_lets_go(backend: B
     }
     // Longer than any wait the service allows itself (the connection wait, 3 s): a delete
     // still waiting on the hold would have committed by now.
-    tokio::time::sleep(std::time::Duration::from_millis(3500)).await;
+    crate::helpers::nothing_happens_within(std::time::Duration::from_millis(3500)).await;
     assert!(app.db.plant_exists(1).await, "no 503 deleted the plant");
     assert!(app.db.deletions(1).await.is_empty(), "nothing audited");
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);

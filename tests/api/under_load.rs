@@ -15,9 +15,9 @@ use reqwest::StatusCode;
 use tokio::task::JoinHandle;
 
 use crate::{
+    fixtures::pg_server::PgServer,
     helpers::{DbPool, TestApp, TestDb, spawn_app_on},
     outage::recovers_to,
-    pg_server::PgServer,
 };
 
 const CLIENTS: i64 = 64;

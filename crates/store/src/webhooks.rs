@@ -108,12 +108,12 @@ impl TryFrom<&str> for EndpointState {
 impl TryFrom<i64> for EventKind {
     type Error = StoreError;
 
+    /// The kind whose `stream_order` is `code`.
     fn try_from(code: i64) -> Result<Self, StoreError> {
-        match code {
-            0 => Ok(EventKind::PlantDeleted),
-            1 => Ok(EventKind::PlantRestored),
-            _ => Err(StoreError::Broken("an event of an unknown kind")),
-        }
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.stream_order() == code)
+            .ok_or(StoreError::Broken("an event of an unknown kind"))
     }
 }
 
