@@ -1,6 +1,8 @@
 //! Commits announced between processes: a `NOTIFY` after this process's commits that
 //! deleted, and, while anyone here waits for commit news, a `LISTEN` that bumps that news
-//! when another process's commit is heard.
+//! when another process's commit is heard. A store's own announcements are not news to it:
+//! its commit already bumped its news, and hearing it again cost one more read of the log
+//! per burst (bench/RESULTS.md, issue 41).
 
 use std::{
     convert::Infallible,
@@ -21,16 +23,27 @@ const GAP: Duration = Duration::from_millis(50);
 /// The wait before listening again after the connection could not be had.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
+/// A store's mark on its announcements, so that its own listener tells them from the
+/// others': random, as two instances in two containers may have the same process id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct AnnouncerId(Arc<str>);
+
+impl AnnouncerId {
+    pub(crate) fn new() -> Self {
+        Self(uuid::Uuid::new_v4().to_string().into())
+    }
+}
+
 /// Announces this process's commits to the others. The task ends with the announcer.
 pub(crate) struct Announcer(mpsc::Sender<()>);
 
 impl Announcer {
-    pub(crate) fn start(db: Database) -> Self {
+    pub(crate) fn start(db: Database, id: AnnouncerId) -> Self {
         // One announcement waiting at most: the commits of a gap go out as one.
         let (wanted, mut asked) = mpsc::channel(1);
         tokio::spawn(async move {
             while asked.recv().await.is_some() {
-                if let Err(err) = notify(&db).await {
+                if let Err(err) = notify(&db, &id).await {
                     tracing::warn!(error = %err, "cannot announce deletion events to the other instances");
                 }
                 tokio::time::sleep(GAP).await;
@@ -49,10 +62,11 @@ impl Announcer {
 /// database-wide lock through its WAL flush, which would serialize the commit workers. Nor
 /// does it wait for a flush (`set_config` local to this statement's transaction): a
 /// notification lost in a crash costs one poll.
-async fn notify(db: &Database) -> Result<(), StoreError> {
+async fn notify(db: &Database, id: &AnnouncerId) -> Result<(), StoreError> {
     sqlx::query!(
-        "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')",
-        CHANNEL
+        "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)",
+        CHANNEL,
+        &*id.0
     )
     .fetch_one(&mut *db.conn().await?)
     .await
@@ -69,28 +83,45 @@ pub(crate) async fn announce_in(conn: &mut PgConnection) -> Result<(), sqlx::Err
     Ok(())
 }
 
-/// Whether a task listens for the other processes' commits now.
-#[derive(Debug, Default)]
-pub(crate) struct Listening(Arc<Mutex<bool>>);
+/// Whether a task listens for the other processes' commits now, and the announcements it
+/// skips as this store's own.
+#[derive(Debug)]
+pub(crate) struct Listening {
+    running: Arc<Mutex<bool>>,
+    own: AnnouncerId,
+}
 
 impl Listening {
+    pub(crate) fn new(own: AnnouncerId) -> Self {
+        Self {
+            running: Arc::default(),
+            own,
+        }
+    }
+
     /// Listens, unless a task does already, for as long as `news` has receivers: call it
     /// after subscribing.
     pub(crate) fn start_unless_running(&self, pool: &PgPool, news: &CommitNews) {
-        let mut running = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         if !*running {
             *running = true;
             tokio::spawn(keep_listening(
                 pool.clone(),
                 news.clone(),
-                Arc::clone(&self.0),
+                Arc::clone(&self.running),
+                self.own.clone(),
             ));
         }
     }
 }
 
 /// Listens until no one hears, or the pool closes; listens again after a lost connection.
-async fn keep_listening(pool: PgPool, news: CommitNews, running: Arc<Mutex<bool>>) {
+async fn keep_listening(
+    pool: PgPool,
+    news: CommitNews,
+    running: Arc<Mutex<bool>>,
+    own: AnnouncerId,
+) {
     let stop = || *running.lock().unwrap_or_else(PoisonError::into_inner) = false;
     loop {
         tokio::select! {
@@ -102,7 +133,7 @@ async fn keep_listening(pool: PgPool, news: CommitNews, running: Arc<Mutex<bool>
                     return;
                 }
             }
-            result = listen(&pool, &news) => {
+            result = listen(&pool, &news, &own) => {
                 let Err(err) = result;
                 if pool.is_closed() {
                     stop();
@@ -115,16 +146,23 @@ async fn keep_listening(pool: PgPool, news: CommitNews, running: Arc<Mutex<bool>
     }
 }
 
-/// Bumps `news` at every notification; returns only with the error that ended listening.
-async fn listen(pool: &PgPool, news: &CommitNews) -> Result<Infallible, sqlx::Error> {
+/// Bumps `news` at every notification but `own`'s; returns only with the error that ended
+/// listening.
+async fn listen(
+    pool: &PgPool,
+    news: &CommitNews,
+    own: &AnnouncerId,
+) -> Result<Infallible, sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     loop {
         // Listening anew, or again after a lost connection: whatever was announced in
         // between went unheard, so every reader reads once.
         news.bump();
-        while listener.try_recv().await?.is_some() {
-            news.bump();
+        while let Some(notification) = listener.try_recv().await? {
+            if notification.payload() != &*own.0 {
+                news.bump();
+            }
         }
     }
 }

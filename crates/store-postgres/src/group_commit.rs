@@ -12,7 +12,7 @@ use sqlx::{Connection, Executor, PgConnection, Postgres, pool::PoolConnection};
 use tokio::{sync::Semaphore, time::Instant};
 
 use crate::{
-    announcements::Announcer,
+    announcements::{Announcer, AnnouncerId},
     batch_statement::{self, lock_keys},
     database::Database,
     wait_limits::{WorkerConnection, begin_limited, limit_session, may_commit, renew_local},
@@ -34,9 +34,14 @@ pub(crate) struct PgBatchWriter {
 
 impl PgBatchWriter {
     /// `lone_retries`: how many deletions may wait alone for a locked row at once.
-    pub(crate) fn new(db: Database, idempotency_ttl: f64, lone_retries: usize) -> Self {
+    pub(crate) fn new(
+        db: Database,
+        idempotency_ttl: f64,
+        lone_retries: usize,
+        announcer: AnnouncerId,
+    ) -> Self {
         Self {
-            announcer: Announcer::start(db.clone()),
+            announcer: Announcer::start(db.clone(), announcer),
             db,
             kept: KeptConnections::default(),
             idempotency_ttl,

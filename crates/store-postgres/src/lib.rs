@@ -23,7 +23,7 @@ use plantstore_store::{
     backend::CommitNews,
 };
 
-use announcements::Listening;
+use announcements::{AnnouncerId, Listening};
 use database::Database;
 use group_commit::PgBatchWriter;
 
@@ -65,10 +65,12 @@ impl PostgresStore {
         let lone_retries = (settings.max_connections as usize)
             .saturating_sub(workers)
             .max(1);
+        let announcer = AnnouncerId::new();
         let writer = Arc::new(PgBatchWriter::new(
             db.clone(),
             settings.idempotency_ttl.as_secs_f64(),
             lone_retries,
+            announcer.clone(),
         ));
         let news = CommitNews::default();
         let batcher = Batcher::start(
@@ -82,7 +84,7 @@ impl PostgresStore {
             writer,
             batcher,
             news,
-            listening: Arc::default(),
+            listening: Arc::new(Listening::new(announcer)),
         })
     }
 }
