@@ -4,7 +4,8 @@
 //! route table, the operation, the error map) and `webhooks` (deletion events delivered to
 //! endpoints); `auth` (who is calling) and `telemetry` (logs, traces, metrics);
 //! `connection_limits` (client connections below HTTP); `database` (the backend crates
-//! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the tests and fuzz use.
+//! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the
+//! tests and fuzz use.
 
 pub mod auth;
 pub mod cli;

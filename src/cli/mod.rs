@@ -149,12 +149,9 @@ impl Cli {
                 output::write_out(format_args!("{}", String::from_utf8_lossy(&script)));
                 return Ok(());
             }
-            Some(Command::Migrate) => {
-                config.migrate = true;
-                Command::Migrate
-            }
             Some(command) => command,
         };
+        config.migrate |= matches!(command, Command::Migrate);
         // Every other command works on the store: opened (and migrated or checked) here,
         // and closed here whatever the command came to.
         let store = database::open(&config, None).await?;

@@ -38,7 +38,7 @@ impl ResponseError for InvalidKey {
 /// header. poem-openapi's `Header<String>` would take a value that is not text as no
 /// header at all, and the first of several; this reads every value sent, and documents
 /// the header's real rules.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub(super) struct IdempotencyKey(pub Option<Arc<str>>);
 
 impl<'a> ApiExtractor<'a> for IdempotencyKey {

@@ -12,7 +12,7 @@ mod plants;
 mod request_id;
 mod routes;
 
-use std::{future::Future, sync::Arc};
+use std::{future::Future, sync::Arc, time::Duration};
 
 use poem::{
     Endpoint, EndpointExt, Response, Route, Server, error::ResponseError, listener::TcpAcceptor,
@@ -44,7 +44,14 @@ pub fn build(
     let routes = routes
         .nest("/", document::service())
         .around(document::root_to_docs);
-    layered(routes, state, documents.route_facts(), config)
+    let cors = config.cors_allowed_origins.clone();
+    layered(
+        routes,
+        state,
+        documents.route_facts(),
+        cors,
+        config.request_timeout,
+    )
 }
 
 /// The app of `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints alone, in the same layers.
@@ -52,11 +59,14 @@ pub fn build_admin(
     state: AppState,
     config: &ServeConfig,
 ) -> impl Endpoint<Output = Response> + use<> {
-    let config = ServeConfig {
-        cors_allowed_origins: CorsOrigins::Off,
-        ..config.clone()
-    };
-    with_layers(ops::mount(Route::new()), state, &config)
+    let routes = ops::mount(Route::new());
+    layered(
+        routes,
+        state,
+        Arc::default(),
+        CorsOrigins::Off,
+        config.request_timeout,
+    )
 }
 
 /// `routes` in the layers of `build`, for a route table of its own (a test's).
@@ -65,16 +75,19 @@ pub fn with_layers<E: Endpoint + 'static>(
     state: AppState,
     config: &ServeConfig,
 ) -> impl Endpoint<Output = Response> + use<E> {
-    layered(routes, state, Arc::default(), config)
+    let cors = config.cors_allowed_origins.clone();
+    layered(routes, state, Arc::default(), cors, config.request_timeout)
 }
 
 /// `routes` in every layer a request passes, outermost first: the front door, CORS for
-/// allowed origins, the answer (state, deadline, errors), and panics as a 500 `Error`.
+/// allowed origins, the answer (state, `request_timeout`, errors), and panics as a 500
+/// `Error`.
 fn layered<E: Endpoint + 'static>(
     routes: E,
     state: AppState,
     route_facts: Arc<routes::RouteFacts>,
-    config: &ServeConfig,
+    cors: CorsOrigins,
+    request_timeout: Duration,
 ) -> impl Endpoint<Output = Response> + use<E> {
     let door = Arc::new(FrontDoor {
         metrics: Arc::clone(&state.metrics),
@@ -84,9 +97,9 @@ fn layered<E: Endpoint + 'static>(
     let context = Arc::new(AnswerContext {
         state,
         routes: route_facts,
-        request_timeout: config.request_timeout,
+        request_timeout,
     });
-    let cors = Arc::new(config.cors_allowed_origins.clone());
+    let cors = Arc::new(cors);
     routes
         .with(CatchPanic::new().with_handler(|_| {
             tracing::error!("handler panicked");

@@ -8,15 +8,23 @@ use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode
 use poem::{PathPattern, http::Uri};
 use serde_json::Value;
 
-/// The label of a request no route matched: a fixed one, so a client cannot make new
-/// metric series by inventing paths.
-const UNMATCHED: &str = "other";
-
 /// The routes the OpenAPI document declares, each with the methods it answers. The other
 /// routes (the document's renderings, the ops endpoints) have fixed paths and answer GET.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(super) struct RouteFacts {
     documented: Vec<DocumentedRoute>,
+    /// The label of a request no route matched: a fixed one, so a client cannot make new
+    /// metric series by inventing paths. Made once, as `get_only` is, rather than per answer.
+    unmatched: Arc<str>,
+    /// The `Allow` of every route the document does not declare.
+    get_only: Arc<str>,
+}
+
+/// No documented routes: a route table of a test's own.
+impl Default for RouteFacts {
+    fn default() -> Self {
+        Self::from_document(&Value::Null)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -45,7 +53,11 @@ impl RouteFacts {
                 }
             })
             .collect();
-        Self { documented }
+        Self {
+            documented,
+            unmatched: "other".into(),
+            get_only: "GET".into(),
+        }
     }
 
     /// The route's label in the log line and `/metrics`: the document's spelling of a
@@ -53,7 +65,7 @@ impl RouteFacts {
     /// router's pattern of another, and `other` when no route matched.
     pub(super) fn label(&self, pattern: Option<&PathPattern>) -> Arc<str> {
         let Some(PathPattern(pattern)) = pattern else {
-            return UNMATCHED.into();
+            return Arc::clone(&self.unmatched);
         };
         match self.documented(pattern) {
             Some(route) => Arc::clone(&route.path),
@@ -65,7 +77,8 @@ impl RouteFacts {
     pub(super) fn allowed_methods(&self, pattern: Option<&PathPattern>) -> Arc<str> {
         pattern
             .and_then(|PathPattern(pattern)| self.documented(pattern))
-            .map_or_else(|| "GET".into(), |route| Arc::clone(&route.methods))
+            .map_or(&self.get_only, |route| &route.methods)
+            .clone()
     }
 
     fn documented(&self, pattern: &str) -> Option<&DocumentedRoute> {

@@ -138,7 +138,7 @@ impl DeliveryLoop {
             // The 410 itself was logged where it was answered.
             DeliveryEnd::Disabled => {}
             DeliveryEnd::LeaseLost => tracing::info!(
-                "delivery stopped: another instance holds the lease, or the endpoint was removed, replayed or enabled"
+                "delivery stopped: the lease is another instance's, or the endpoint changed"
             ),
             DeliveryEnd::Halted => tracing::debug!("delivery stopped with the instance"),
         }

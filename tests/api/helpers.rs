@@ -63,13 +63,9 @@ impl TestApp {
     /// Waits until `count` deletes wait in the group commit's queue (`/metrics`), so a
     /// held commit's followers are all queued before it is let go.
     pub async fn wait_until_queued(&self, count: usize) {
-        let what = format!("{count} deletes queued");
-        eventually(Duration::from_secs(10), &what, || async {
-            let scraped = crate::metrics::scrape(self).await;
-            let queued = scraped.get("plantstore_delete_queue_waiting").copied();
-            queued.filter(|queued| *queued >= count as f64)
-        })
-        .await;
+        let (within, series) = (Duration::from_secs(10), "plantstore_delete_queue_waiting");
+        crate::metrics::wait_for_series(self, within, series, |queued| queued >= count as f64)
+            .await;
     }
 }
 

@@ -1,12 +1,12 @@
 //! `/metrics`: each counter moves by exactly what the requests between two scrapes did,
 //! and the pool, the queue and the group-commit batches are there.
 
-use std::collections::HashMap;
+use std::{collections::HashMap, time::Duration};
 
 use reqwest::StatusCode;
 
 use crate::{
-    helpers::{Backend, TestApp, spawn_app},
+    helpers::{Backend, TestApp, eventually, spawn_app},
     on_both_backends,
 };
 
@@ -28,6 +28,23 @@ pub async fn scrape(app: &TestApp) -> HashMap<String, f64> {
             (series.to_owned(), value.parse().expect("a number"))
         })
         .collect()
+}
+
+/// Scrapes `/metrics` until `series` has a value `wanted` takes, within `within`; that
+/// scrape.
+pub async fn wait_for_series(
+    app: &TestApp,
+    within: Duration,
+    series: &str,
+    wanted: impl Fn(f64) -> bool,
+) -> HashMap<String, f64> {
+    let (wanted, what) = (&wanted, format!("{series} as wanted"));
+    eventually(within, &what, || async move {
+        let scraped = scrape(app).await;
+        let value = scraped.get(series).copied();
+        value.is_some_and(wanted).then_some(scraped)
+    })
+    .await
 }
 
 async fn every_counter_moves_by_what_the_requests_did(backend: Backend) {

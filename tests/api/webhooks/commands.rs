@@ -22,11 +22,8 @@ async fn a_410_disables_the_endpoint_until_it_is_enabled(backend: Backend) {
     receiver
         .wait_for(WITHIN, "one 410", |got| !got.is_empty())
         .await;
-    let endpoint = eventually(WITHIN, "the endpoint disabled", || async {
-        endpoints(&app)
-            .into_iter()
-            .next()
-            .filter(|endpoint| endpoint["state"] == "disabled")
+    let endpoint = wait_for_endpoint(&app, "the endpoint disabled", |endpoint| {
+        endpoint["state"] == "disabled"
     })
     .await;
     assert!(
@@ -118,11 +115,8 @@ async fn prune_keeps_what_an_endpoint_has_not_received(backend: Backend) {
     receiver
         .wait_for(WITHIN, "a failed attempt", |got| !got.is_empty())
         .await;
-    eventually(WITHIN, "the failure saved", || async {
-        endpoints(&app)
-            .into_iter()
-            .next()
-            .filter(|endpoint| endpoint["last_error"].is_string())
+    wait_for_endpoint(&app, "the failure saved", |endpoint| {
+        endpoint["last_error"].is_string()
     })
     .await;
 
@@ -324,21 +318,19 @@ async fn until_delivery_follows(
     probes: &mut std::ops::RangeInclusive<i64>,
     taken_up: impl Fn(&Received) -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    for probe in probes.by_ref() {
+    let probes = std::cell::RefCell::new(probes);
+    eventually(WITHIN, "the delivery following the change", || async {
+        let probe = probes.borrow_mut().next().expect("a probe plant left");
         let before = receiver.received().len();
         delete_all(app, [probe]).await;
         receiver
             .wait_for(WITHIN, "a probe's event", |got| got.len() > before)
             .await;
-        if receiver.received().last().is_some_and(&taken_up) {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the delivery did not follow the change within {WITHIN:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the probes ran out before the delivery followed the change");
+        receiver
+            .received()
+            .last()
+            .is_some_and(&taken_up)
+            .then_some(())
+    })
+    .await;
 }

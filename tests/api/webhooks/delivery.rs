@@ -86,7 +86,7 @@ async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: B
     let pending = format!("plantstore_webhook_pending_events{{endpoint=\"{id}\"}}");
     let failed =
         format!("plantstore_webhook_deliveries_total{{endpoint=\"{id}\",result=\"failed\"}}");
-    let series = wait_for_series(&app, &pending, |value| value == 0.0).await;
+    let series = wait_for_series(&app, WITHIN, &pending, |value| value == 0.0).await;
     assert_eq!(series[&failed], 0.0, "{series:?}");
 }
 
@@ -177,22 +177,22 @@ async fn metrics_show_deliveries_pending_and_lag_per_endpoint(backend: Backend) 
     app.add_plants(&[1, 2, 3, 4, 5]).await;
     delete_all(&app, 1..=3).await;
 
-    let failing = wait_for_series(&app, &pending, |value| value == 3.0).await;
+    let failing = wait_for_series(&app, WITHIN, &pending, |value| value == 3.0).await;
     assert!(failing[&failed] >= 1.0, "{failing:?}");
     // Each result's series is there from the start, at 0 until an attempt has it.
     assert_eq!(failing.get(&delivered), Some(&0.0), "{failing:?}");
 
     receiver.set_default(Reply::Status(204));
     wait_until_nothing_pending(&app).await;
-    let caught_up = wait_for_series(&app, &pending, |value| value == 0.0).await;
+    let caught_up = wait_for_series(&app, WITHIN, &pending, |value| value == 0.0).await;
     assert_eq!(caught_up[&delivered], 3.0, "{caught_up:?}");
     assert_eq!(caught_up[&lags], 3.0, "{caught_up:?}");
 
     receiver.set_default(Reply::Status(500));
     delete_all(&app, 4..=5).await;
-    wait_for_series(&app, &pending, |value| value == 2.0).await;
+    wait_for_series(&app, WITHIN, &pending, |value| value == 2.0).await;
     succeeded(&plantstore(&app, &["webhooks", "remove", &id.to_string()]));
-    wait_for_series(&app, &pending, |value| value == 0.0).await;
+    wait_for_series(&app, WITHIN, &pending, |value| value == 0.0).await;
 }
 
 /// A receiver that serves one request at a time per connection and takes 0.3 s for each,
@@ -256,17 +256,10 @@ async fn a_redirect_is_a_failure_retry_after_is_kept_and_url_credentials_go_as_b
     receiver.verify_with(out.lines().last().expect("a secret"));
     app.add_plants(&[1]).await;
     delete_all(&app, [1]).await;
-    let failing = tokio::time::timeout(WITHIN, async {
-        loop {
-            let endpoint = endpoints(&app).remove(0);
-            if endpoint["last_error"].is_string() {
-                break endpoint;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let failing = wait_for_endpoint(&app, "the endpoint failing after the redirect", |e| {
+        e["last_error"].is_string()
     })
-    .await
-    .expect("the endpoint failing after the redirect");
+    .await;
     let error = failing["last_error"].as_str().unwrap_or_default();
     assert!(error.starts_with("the receiver answered"), "{failing}");
     assert!(

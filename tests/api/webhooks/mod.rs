@@ -25,7 +25,7 @@ use crate::{
         Backend, TestApp, TestDb, eventually, nothing_happens_within, plantstore_on, refused,
         serve_another, spawn_app_on, spawn_app_until, succeeded, test_config,
     },
-    metrics::scrape,
+    metrics::{scrape, wait_for_series},
 };
 
 /// How long the tests wait for deliveries that should take well under a second.
@@ -68,20 +68,18 @@ fn endpoints(app: &TestApp) -> Vec<Value> {
     }
 }
 
+/// Waits until the (first) endpoint, as `webhooks list` shows it, is `wanted`; returns it.
+async fn wait_for_endpoint(app: &TestApp, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+    let wanted = &wanted;
+    eventually(WITHIN, what, || async move {
+        endpoints(app).into_iter().next().filter(wanted)
+    })
+    .await
+}
+
 /// Waits until the endpoint's cursor is saved past every event.
 async fn wait_until_nothing_pending(app: &TestApp) -> Value {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let list = endpoints(app);
-        if list[0]["pending"] == 0 {
-            return list[0].clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still pending: {list:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_endpoint(app, "nothing pending", |endpoint| endpoint["pending"] == 0).await
 }
 
 async fn delete_all(app: &TestApp, ids: impl IntoIterator<Item = i64>) {
@@ -106,27 +104,6 @@ async fn logged_ids(app: &TestApp) -> HashSet<String> {
         .into_iter()
         .map(|id| format!("deletion_{id}"))
         .collect()
-}
-
-/// Scrapes `/metrics` until `series` has a value `wanted` takes; that scrape.
-async fn wait_for_series(
-    app: &TestApp,
-    series: &str,
-    wanted: impl Fn(f64) -> bool,
-) -> HashMap<String, f64> {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let scraped = scrape(app).await;
-        if scraped.get(series).is_some_and(|value| wanted(*value)) {
-            return scraped;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{series} is {:?}",
-            scraped.get(series)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Waits until the receiver has accepted each of `expected`.
