@@ -1,8 +1,10 @@
 //! Group commit: deletes that queue while a commit is in flight go out together in the
-//! next one, and each request is told its own outcome.
+//! next one, and each request is told its own outcome. A backend commits a batch through
+//! `BatchWriter` and says what became of each deletion (`DeletionOutcome`); reading what
+//! its batch statement found into those outcomes is shared here too (`BatchResult`).
 
 use std::{
-    collections::{HashMap, hash_map::Entry},
+    collections::{HashMap, HashSet, hash_map::Entry},
     fmt,
     sync::Arc,
 };
@@ -12,10 +14,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 
 use plantstore_store::{CommitObserver, Deleted, Deletion, StoreError, backend::CommitNews};
 
-use crate::{
-    deadline::remaining,
-    outcome::{DeletionOutcome, one_each, replay_or_reuse},
-};
+use crate::deadline::remaining;
 
 /// Most deletions in one transaction: bounds a statement's size and one batch's latency.
 const MAX_BATCH: usize = 256;
@@ -38,6 +37,90 @@ pub trait BatchWriter: Send + Sync + 'static {
     /// Deletes one plant in a transaction of its own, waiting for its row if another
     /// session holds it; never answers `DeletionOutcome::RowLocked`.
     async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError>;
+}
+
+/// What a backend says about one deletion of a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletionOutcome {
+    /// The row is gone and its audit row written, in this batch.
+    Removed,
+    NotFound,
+    /// Another session holds the row: it is retried alone, waiting for the row, so the
+    /// rest of its batch is not held up.
+    RowLocked,
+    /// The caller's idempotency key already deleted this plant; nothing was done now.
+    Replayed,
+    /// The caller's idempotency key already deleted another plant, this one; nothing was
+    /// done now.
+    KeyReused(i64),
+}
+
+/// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
+/// broken promise and an error for the whole batch, never a guessed answer.
+pub(crate) fn one_each(
+    size: usize,
+    outcomes: Vec<DeletionOutcome>,
+) -> Result<Vec<DeletionOutcome>, StoreError> {
+    if outcomes.len() == size {
+        return Ok(outcomes);
+    }
+    tracing::error!(
+        expected = size,
+        got = outcomes.len(),
+        "a backend answered a batch with the wrong number of outcomes"
+    );
+    Err(StoreError::Broken("one outcome per deletion of a batch"))
+}
+
+/// The outcome of a batch of one deletion, as `one_each` checks it.
+pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
+    Ok(one_each(1, outcomes)?[0])
+}
+
+/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
+/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
+pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
+    earlier.map(|plant_id| {
+        if plant_id == deletion.plant_id {
+            DeletionOutcome::Replayed
+        } else {
+            DeletionOutcome::KeyReused(plant_id)
+        }
+    })
+}
+
+/// Facts about one batch, as a backend's statement reports them.
+#[derive(Debug, Default)]
+pub struct BatchResult {
+    /// Plants the statement deleted (and audited).
+    pub removed: HashSet<i64>,
+    /// Plants still there after the statement: another session holds them (PostgreSQL
+    /// skips locked rows), so they are retried alone. Always empty on SQLite.
+    pub present: HashSet<i64>,
+    /// Batch positions (from 0) whose caller's idempotency key already deleted a plant
+    /// within the replay window, and that plant.
+    pub earlier: HashMap<usize, i64>,
+}
+
+impl BatchResult {
+    pub fn outcomes(&self, batch: &[Deletion]) -> Vec<DeletionOutcome> {
+        batch
+            .iter()
+            .enumerate()
+            .map(|(index, deletion)| {
+                let earlier = self.earlier.get(&index).copied();
+                replay_or_reuse(deletion, earlier).unwrap_or_else(|| {
+                    if self.removed.contains(&deletion.plant_id) {
+                        DeletionOutcome::Removed
+                    } else if self.present.contains(&deletion.plant_id) {
+                        DeletionOutcome::RowLocked
+                    } else {
+                        DeletionOutcome::NotFound
+                    }
+                })
+            })
+            .collect()
+    }
 }
 
 type Reply = oneshot::Sender<Result<Deleted, StoreError>>;
@@ -153,7 +236,6 @@ async fn run_worker(worker: CommitWorker) {
 /// where it does not.
 #[tracing::instrument(level = "debug", skip_all, fields(size))]
 async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
-    let writer = &worker.writer;
     let mut deletions: Vec<Deletion> = Vec::new();
     let mut replies = Vec::new();
     let mut repeats: Vec<(usize, Job)> = Vec::new();
@@ -184,7 +266,7 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
     }
     tracing::Span::current().record("size", deletions.len());
 
-    let outcomes = writer.delete_batch(&deletions).await;
+    let outcomes = worker.writer.delete_batch(&deletions).await;
     match outcomes.and_then(|outcomes| one_each(deletions.len(), outcomes)) {
         Ok(outcomes) => {
             if let Some(sizes) = &worker.sizes {
@@ -220,7 +302,12 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
                 retry_alone(worker, job.deletion, job.reply);
             }
         }
-        Err(err) => fail_all(replies, repeats, &err),
+        Err(err) => {
+            let repeated = repeats.into_iter().map(|(_, job)| job.reply);
+            for reply in replies.into_iter().chain(repeated) {
+                let _ = reply.send(Err(err.clone()));
+            }
+        }
     }
 }
 
@@ -287,9 +374,24 @@ fn answer(outcome: DeletionOutcome) -> Result<Deleted, StoreError> {
     }
 }
 
-fn fail_all(replies: Vec<Reply>, repeats: Vec<(usize, Job)>, err: &StoreError) {
-    let repeated = repeats.into_iter().map(|(_, job)| job.reply);
-    for reply in replies.into_iter().chain(repeated) {
-        let _ = reply.send(Err(err.clone()));
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_answered_with_the_wrong_number_of_outcomes_is_an_error() {
+        assert!(matches!(
+            one_each(2, vec![DeletionOutcome::Removed]),
+            Err(StoreError::Broken(_))
+        ));
+        assert!(matches!(only_outcome(vec![]), Err(StoreError::Broken(_))));
+        assert!(matches!(
+            only_outcome(vec![DeletionOutcome::NotFound, DeletionOutcome::Removed]),
+            Err(StoreError::Broken(_))
+        ));
+        assert_eq!(
+            only_outcome(vec![DeletionOutcome::NotFound]).ok(),
+            Some(DeletionOutcome::NotFound)
+        );
     }
 }

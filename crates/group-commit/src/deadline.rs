@@ -8,14 +8,15 @@
 //!   out of it, and one with less than `MIN_TIME_LEFT` is answered `TimedOut`
 //!   (`still_waited_for` in `batcher.rs`);
 //! - a batch waits by its earliest deadline (`earliest`) for everything: its connection
-//!   (`wait_until`; PostgreSQL's `Database::conn_by`, SQLite's `WriteConnection::lock_by`),
+//!   (`wait_until`; PostgreSQL's `Database::within`, SQLite's `WriteConnection::lock_by`),
 //!   and SQLite's busy wait for another process's write lock, which is bounded too;
 //! - its statements run under a limit set from what is left (`WaitLimit`, a statement's
-//!   share of it: PostgreSQL's `lock_timeout` and `statement_timeout` in `wait_limits.rs`),
-//!   and a deletion retried alone on a locked row gets limits for its transaction only;
+//!   share of it: PostgreSQL's `lock_timeout` and `statement_timeout`, set in its
+//!   `group_commit.rs`), and a deletion retried alone on a locked row gets limits for its
+//!   transaction only;
 //! - PostgreSQL's commit of a retried deletion is sent only while time is left
-//!   (`may_commit`). A commit already sent when the deadline falls may still land; the
-//!   audit table then has it.
+//!   (`remaining` before `commit`). A commit already sent when the deadline falls may
+//!   still land; the audit table then has it.
 
 use std::{future::Future, time::Duration};
 
@@ -43,7 +44,6 @@ pub fn statement_share(left: Duration) -> Duration {
     Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
 }
 
-/// Waits for `wait`, but no later than `deadline`.
 pub async fn wait_until<T>(
     deadline: Instant,
     wait: impl Future<Output = Result<T, StoreError>>,
@@ -131,7 +131,6 @@ mod tests {
         );
         // A setting too large to multiply saturates instead of panicking.
         assert!(limit.limit_to_set(Duration::MAX).is_some());
-        let _ = limit.limit_to_set(Duration::MAX);
     }
 
     #[test]

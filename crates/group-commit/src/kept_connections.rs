@@ -19,7 +19,6 @@ impl<C> Default for KeptConnections<C> {
 }
 
 impl<C> KeptConnections<C> {
-    /// A kept connection, if there is one.
     pub fn take(&self) -> Option<C> {
         self.kept
             .lock()

@@ -2,19 +2,19 @@
 //! while a commit is in flight go out together in the next one, each request is told its
 //! own outcome, and no wait outlasts the request's deadline.
 //!
-//! `batcher.rs` decides what goes into each commit; a backend says how it commits one by
-//! implementing `BatchWriter` (each backend's `group_commit.rs`). `outcome.rs` reads what
-//! a batch statement found into each deletion's outcome; `deadline.rs` bounds every wait
-//! and says where; `kept_connections.rs` keeps the writers' connections between batches.
+//! `batcher.rs` decides what goes into each commit, and reads what a batch statement found
+//! into each deletion's outcome; a backend says how it commits one by implementing
+//! `BatchWriter` (each backend's `group_commit.rs`). `deadline.rs` bounds every wait and
+//! says where; `kept_connections.rs` keeps the writers' connections between batches.
 
 mod batcher;
 mod deadline;
 mod kept_connections;
-mod outcome;
 
-pub use batcher::{BatchWriter, Batcher};
+pub use batcher::{
+    BatchResult, BatchWriter, Batcher, DeletionOutcome, only_outcome, replay_or_reuse,
+};
 pub use deadline::{
     LimitedConnection, WaitLimit, earliest, remaining, statement_share, wait_until,
 };
 pub use kept_connections::KeptConnections;
-pub use outcome::{BatchResult, DeletionOutcome, only_outcome, replay_or_reuse};

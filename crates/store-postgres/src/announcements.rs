@@ -16,7 +16,6 @@ use tokio::sync::mpsc;
 
 use crate::database::Database;
 
-/// The channel every announcement goes on.
 const CHANNEL: &str = "plantstore_events";
 /// The shortest time between two announcements: under load one stands for many commits.
 const GAP: Duration = Duration::from_millis(50);
@@ -26,13 +25,7 @@ const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 /// A store's mark on its announcements, so that its own listener tells them from the
 /// others': random, as two instances in two containers may have the same process id.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct AnnouncerId(Arc<str>);
-
-impl AnnouncerId {
-    pub(crate) fn new() -> Self {
-        Self(uuid::Uuid::new_v4().to_string().into())
-    }
-}
+pub(crate) struct AnnouncerId(pub(crate) Arc<str>);
 
 /// Announces this process's commits to the others. The task ends with the announcer.
 pub(crate) struct Announcer(mpsc::Sender<()>);

@@ -32,32 +32,33 @@ pub(crate) const APPLICATION_NAME: &str = "plantstore";
 /// whatever its code (see `conn`).
 const TRANSIENT_CLASSES: [&str; 3] = ["08", "53", "57P"];
 const TRANSIENT_CODES: [&str; 3] = ["25006", "40001", "40P01"];
-/// What the limits set from a request's deadline raise (`wait_limits`): lock_not_available
+/// What the limits set from a request's deadline raise (`group_commit.rs`): lock_not_available
 /// (`lock_timeout`) and query_canceled (`statement_timeout`, or a DBA's cancel).
 const DEADLINE_CODES: [&str; 2] = ["55P03", "57014"];
 
 #[derive(Clone)]
 pub(crate) struct Database {
-    pool: PgPool,
+    /// For what takes a pool itself: the migrator, the listener, the pool's figures.
+    pub(crate) pool: PgPool,
     failover: Arc<Failover>,
 }
 
 impl Database {
-    /// Opens the pool and one connection, so a wrong host or password fails at start.
     /// With several hosts, the first in order that satisfies `target_session_attrs` is
     /// used.
     pub(crate) async fn open(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
-        let list = HostList::parse(url).map_err(|err| {
+        let mut list = HostList::parse(url).map_err(|err| {
             StoreError::Config(format!(
                 "DATABASE_URL is not a usable PostgreSQL URL: {err}"
             ))
         })?;
-        // Lock and statement limits come from each request's deadline (`wait_limits`).
-        let failover = Arc::new(Failover::new(list, settings.acquire_timeout, |options| {
-            options.application_name(APPLICATION_NAME)
-        }));
+        // Lock and statement limits come from each request's deadline (`group_commit.rs`).
+        for host in &mut list.hosts {
+            host.options = host.options.clone().application_name(APPLICATION_NAME);
+        }
+        let attrs = list.attrs;
+        let failover = Arc::new(Failover::new(list, settings.acquire_timeout));
         let (index, options) = failover.find().await?;
-        let attrs = failover.attrs();
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
@@ -78,11 +79,6 @@ impl Database {
         Ok(Self { pool, failover })
     }
 
-    /// For what takes a pool itself: the migrator, the listener, the pool's figures.
-    pub(crate) fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
     /// A connection from the pool; failing to get one (refused, database gone, password
     /// rotated, too many clients, TLS refused, pool exhausted) means the database cannot
     /// serve now, whatever the code.
@@ -93,15 +89,6 @@ impl Database {
             .map_err(|err| self.report_to_failover(StoreError::Unavailable(Arc::new(err))))
     }
 
-    /// A connection from the pool by `deadline`.
-    pub(crate) async fn conn_by(
-        &self,
-        deadline: Instant,
-    ) -> Result<PoolConnection<Postgres>, StoreError> {
-        self.within(deadline, self.conn()).await
-    }
-
-    /// A driver error as the interface has it.
     pub(crate) fn error(&self, err: sqlx::Error) -> StoreError {
         self.report_to_failover(classify(err))
     }

@@ -38,15 +38,7 @@ pub(crate) struct Failover {
 }
 
 impl Failover {
-    /// `configure` is applied to every host's options (the application name, say).
-    pub(crate) fn new(
-        mut list: HostList,
-        probe_wait: Duration,
-        configure: impl Fn(PgConnectOptions) -> PgConnectOptions,
-    ) -> Self {
-        for host in &mut list.hosts {
-            host.options = configure(host.options.clone());
-        }
+    pub(crate) fn new(list: HostList, probe_wait: Duration) -> Self {
         Self {
             list,
             probe_wait,
@@ -54,10 +46,6 @@ impl Failover {
             current: AtomicUsize::new(0),
             searching: AtomicBool::new(false),
         }
-    }
-
-    pub(crate) fn attrs(&self) -> SessionAttrs {
-        self.list.attrs
     }
 
     /// The first host, in order, that accepts a connection and satisfies the attrs; with
@@ -107,11 +95,20 @@ impl Failover {
         let _ = self.pool.set(pool);
     }
 
-    /// A request found the database unavailable, read-only or slow: unless a search is under
-    /// way, the list is searched again in the background, and new connections go to the
-    /// host it finds. One host alone has nowhere else to go.
-    fn suspect(self: &Arc<Self>) {
-        if !self.list.is_several() || self.searching.swap(true, Ordering::AcqRel) {
+    /// Searches the hosts again in the background, unless a search is under way, when
+    /// `err` says the database is unavailable, takes no writes, or did not answer in time;
+    /// new connections then go to the host it finds. A host that went away without a reset,
+    /// or whose new connections hang, shows only as work that runs out of time, and a
+    /// search costs one probe per `SEARCH_PAUSE` at most. Every caller's failure counts,
+    /// not only a delete's: a request may meet the database first in the token table's
+    /// reload, and fail there for as long as nothing moves. One host alone has nowhere
+    /// else to go.
+    pub(crate) fn notice(self: &Arc<Self>, err: &StoreError) {
+        let suspect = matches!(
+            err,
+            StoreError::Unavailable(_) | StoreError::ReadOnly | StoreError::TimedOut
+        );
+        if !suspect || self.list.hosts.len() < 2 || self.searching.swap(true, Ordering::AcqRel) {
             return;
         }
         let failover = Arc::clone(self);
@@ -131,21 +128,6 @@ impl Failover {
             tokio::time::sleep(SEARCH_PAUSE).await;
             failover.searching.store(false, Ordering::Release);
         });
-    }
-
-    /// Searches the hosts again when `err` says the database is unavailable, takes no
-    /// writes, or did not answer in time: a host that went away without a reset, or
-    /// whose new connections hang, shows only as work that runs out of time, and a
-    /// search costs one probe per `SEARCH_PAUSE` at most. Every caller's failure counts,
-    /// not only a delete's: a request may meet the database first in the token table's
-    /// reload, and fail there for as long as nothing moves.
-    pub(crate) fn notice(self: &Arc<Self>, err: &StoreError) {
-        if matches!(
-            err,
-            StoreError::Unavailable(_) | StoreError::ReadOnly | StoreError::TimedOut
-        ) {
-            self.suspect();
-        }
     }
 }
 

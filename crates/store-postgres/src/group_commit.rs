@@ -1,21 +1,24 @@
-//! The group commit's writer on PostgreSQL: the commit workers' kept connections, a
-//! deletion retried alone on a locked row, and word to the other instances after each
-//! commit that deleted.
+//! The group commit on PostgreSQL: one statement per batch (one round trip), with the
+//! callers' idempotency keys locked first when a request carries one; the commit workers'
+//! kept connections, a deletion retried alone on a locked row, and word to the other
+//! instances after each commit that deleted. PostgreSQL's own limits on how long a
+//! statement may wait for a lock and run are set from a request's deadline: a statement cut
+//! off by them rolls back instead of committing after its request was answered 503.
+
+use std::{collections::HashMap, time::Duration};
 
 use async_trait::async_trait;
 use plantstore_group_commit::{
-    BatchWriter, DeletionOutcome, KeptConnections, LimitedConnection, earliest, replay_or_reuse,
-    wait_until,
+    BatchResult, BatchWriter, DeletionOutcome, KeptConnections, LimitedConnection, earliest,
+    remaining, replay_or_reuse, statement_share, wait_until,
 };
 use plantstore_store::{Deletion, StoreError};
-use sqlx::{Connection, Executor, PgConnection, Postgres, pool::PoolConnection};
+use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection, Postgres, pool::PoolConnection};
 use tokio::{sync::Semaphore, time::Instant};
 
 use crate::{
     announcements::{Announcer, AnnouncerId},
-    batch_statement::{self, lock_keys},
     database::Database,
-    wait_limits::{WorkerConnection, begin_limited, limit_session, may_commit, renew_local},
 };
 
 /// Commits the batches: each is one autocommit statement, so one round trip.
@@ -33,7 +36,6 @@ pub(crate) struct PgBatchWriter {
 }
 
 impl PgBatchWriter {
-    /// `lone_retries`: how many deletions may wait alone for a locked row at once.
     pub(crate) fn new(
         db: Database,
         idempotency_ttl: f64,
@@ -59,7 +61,7 @@ impl PgBatchWriter {
     ) -> Result<DeletionOutcome, StoreError> {
         let db = &self.db;
         let mut tx = conn
-            .begin_with(begin_limited(deadline)?)
+            .begin_with(AssertSqlSafe(format!("BEGIN; {}", local_limits(deadline)?)))
             .await
             .map_err(|err| db.error(err))?;
         let outcome = match &deletion.idempotency_key {
@@ -70,7 +72,7 @@ impl PgBatchWriter {
                 match replay_or_reuse(deletion, earlier) {
                     Some(outcome) => outcome,
                     None => {
-                        tx.execute(renew_local(deadline)?)
+                        tx.execute(AssertSqlSafe(local_limits(deadline)?))
                             .await
                             .map_err(|err| db.error(err))?;
                         delete_row(db, &mut tx, deletion).await?
@@ -78,7 +80,8 @@ impl PgBatchWriter {
                 }
             }
         };
-        may_commit(deadline)?;
+        // Past the deadline the request was answered 503: roll back (drop) instead.
+        remaining(deadline)?;
         tx.commit().await.map_err(|err| db.error(err))?;
         Ok(outcome)
     }
@@ -91,7 +94,7 @@ impl BatchWriter for PgBatchWriter {
         let deadline = earliest(batch)?;
         let mut kept = match self.kept.take() {
             Some(kept) => kept,
-            None => LimitedConnection::new(self.db.conn_by(deadline).await?),
+            None => LimitedConnection::new(self.db.within(deadline, self.db.conn()).await?),
         };
         // Bounded here too, not only by the server's limits: a server that stopped
         // answering (a host gone without a reset, a network cut) would hold the worker,
@@ -101,7 +104,7 @@ impl BatchWriter for PgBatchWriter {
             .within(deadline, async {
                 limit_session(&self.db, &mut kept, deadline).await?;
                 let conn = &mut kept.conn;
-                batch_statement::run(&self.db, conn, batch, self.idempotency_ttl, deadline).await
+                run(&self.db, conn, batch, self.idempotency_ttl, deadline).await
             })
             .await;
         match committed {
@@ -135,7 +138,7 @@ impl BatchWriter for PgBatchWriter {
         // same row commits first and this one then finds nothing: one 204. With a key, the
         // transaction first waits for any request holding the same key and looks for its
         // entry.
-        let mut conn = self.db.conn_by(deadline).await?;
+        let mut conn = self.db.within(deadline, self.db.conn()).await?;
         let committed = self
             .db
             .within(deadline, self.delete_limited(&mut conn, deadline, deletion))
@@ -199,4 +202,189 @@ async fn delete_row(
     } else {
         DeletionOutcome::Removed
     })
+}
+
+/// The advisory-lock class of idempotency keys (`pg_advisory_xact_lock(class, hash)`),
+/// so they cannot collide with an owner's own one-number advisory locks.
+const KEY_LOCK_CLASS: i32 = 0x706c_6e74;
+
+/// Serialises, until the transaction ends, the requests of other instances that carry the
+/// same callers' keys, so that the key lookup after it sees their commits. Keys are locked
+/// in one order, so two batches never wait on each other.
+pub(crate) async fn lock_keys(
+    db: &Database,
+    conn: &mut PgConnection,
+    batch: &[Deletion],
+) -> Result<(), StoreError> {
+    let keys: Vec<String> = batch
+        .iter()
+        .filter_map(|d| Some(format!("{}\n{}", d.caller, d.idempotency_key.as_deref()?)))
+        .collect();
+    sqlx::query!(
+        "SELECT pg_advisory_xact_lock($1, h)::TEXT FROM (
+             SELECT DISTINCT hashtext(k) AS h FROM UNNEST($2::TEXT[]) AS k ORDER BY 1
+         ) AS keys",
+        KEY_LOCK_CLASS,
+        &keys,
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|err| db.error(err))?;
+    Ok(())
+}
+
+/// What the batch statement found, per list: plants deleted, plants still present, and
+/// the batch positions (from 1) whose keys already deleted a plant, with that plant.
+struct BatchRow {
+    deleted: Vec<i64>,
+    present: Vec<i64>,
+    earlier_at: Vec<i64>,
+    earlier_plant: Vec<i64>,
+}
+
+/// One batch: one statement, and so one round trip, unless a request carries an
+/// idempotency key; then the keys are locked first, in the same transaction.
+/// `idempotency_ttl`: the replay window in seconds. `deadline`: the batch's earliest; the
+/// session's limits bound each statement by it, and after waiting for keys the statement
+/// gets only what is left.
+pub(crate) async fn run(
+    db: &Database,
+    conn: &mut PgConnection,
+    batch: &[Deletion],
+    idempotency_ttl: f64,
+    deadline: Instant,
+) -> Result<Vec<DeletionOutcome>, StoreError> {
+    let row = if batch.iter().any(|d| d.idempotency_key.is_some()) {
+        let mut tx = conn.begin().await.map_err(|err| db.error(err))?;
+        lock_keys(db, &mut tx, batch).await?;
+        tx.execute(AssertSqlSafe(local_limits(deadline)?))
+            .await
+            .map_err(|err| db.error(err))?;
+        let row = statement(db, &mut tx, batch, idempotency_ttl).await?;
+        // Past the deadline the request was answered 503: roll back (drop) instead.
+        remaining(deadline)?;
+        tx.commit().await.map_err(|err| db.error(err))?;
+        row
+    } else {
+        statement(db, conn, batch, idempotency_ttl).await?
+    };
+    // Positions in the statement count from 1.
+    let earlier: HashMap<usize, i64> = row
+        .earlier_at
+        .iter()
+        .zip(&row.earlier_plant)
+        .filter_map(|(at, plant)| Some((usize::try_from(*at).ok()?.checked_sub(1)?, *plant)))
+        .collect();
+    Ok(BatchResult {
+        removed: row.deleted.into_iter().collect(),
+        present: row.present.into_iter().collect(),
+        earlier,
+    }
+    .outcomes(batch))
+}
+
+async fn statement(
+    db: &Database,
+    conn: &mut PgConnection,
+    batch: &[Deletion],
+    idempotency_ttl: f64,
+) -> Result<BatchRow, StoreError> {
+    let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
+    let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
+    let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
+    let keys: Vec<Option<&str>> = batch.iter().map(|d| d.idempotency_key.as_deref()).collect();
+    // `earlier`: the entries whose keys the same callers used within the replay
+    // window; those deletions do nothing now. Rows no other session holds are locked
+    // and deleted; `present` reads the statement's snapshot, taken before the delete.
+    // A row present but not deleted is held elsewhere (or was deleted by a commit after
+    // the snapshot): it is retried alone rather than waited for here. Casts keep the
+    // parameters BIGINT whatever the type of an existing `plants.id`.
+    sqlx::query_as!(
+            BatchRow,
+            r#"WITH batch AS (
+                   SELECT * FROM UNNEST($1::BIGINT[], $2::TEXT[], $3::TEXT[], $4::TEXT[])
+                       WITH ORDINALITY AS b (plant_id, caller, request_id, idempotency_key, n)
+               ),
+               earlier AS (
+                   SELECT b.n, e.plant_id
+                   FROM batch b
+                   CROSS JOIN LATERAL (
+                       SELECT d.plant_id FROM plantstore_deletions d
+                       WHERE d.token_name = b.caller AND d.idempotency_key = b.idempotency_key
+                         AND d.deleted_at > now() - make_interval(secs => $5)
+                       ORDER BY d.id DESC LIMIT 1
+                   ) e
+                   WHERE b.idempotency_key IS NOT NULL
+               ),
+               fresh AS (
+                   SELECT * FROM batch WHERE n NOT IN (SELECT n FROM earlier)
+               ),
+               deleted AS (
+                   DELETE FROM plants p
+                   WHERE p.id IN (SELECT id FROM plants
+                                  WHERE id = ANY (ARRAY(SELECT plant_id FROM fresh))
+                                  FOR UPDATE SKIP LOCKED)
+                   RETURNING p.id, to_jsonb(p) AS snapshot
+               ),
+               audited AS (
+                   INSERT INTO plantstore_deletions
+                       (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
+                   SELECT f.plant_id, f.caller, f.request_id, f.idempotency_key, deleted.snapshot, now()
+                   FROM fresh f JOIN deleted ON deleted.id = f.plant_id
+                   RETURNING plant_id
+               )
+               SELECT ARRAY(SELECT plant_id FROM audited) AS "deleted!",
+                      ARRAY(SELECT id::BIGINT FROM plants WHERE id = ANY ($1::BIGINT[])) AS "present!",
+                      ARRAY(SELECT n FROM earlier ORDER BY n) AS "earlier_at!",
+                      ARRAY(SELECT plant_id FROM earlier ORDER BY n) AS "earlier_plant!""#,
+            &ids,
+            &callers as &[&str],
+            &request_ids as &[&str],
+            &keys as &[Option<&str>],
+            idempotency_ttl,
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|err| db.error(err))
+}
+
+type WorkerConnection = LimitedConnection<PoolConnection<Postgres>>;
+
+/// Bounds the session's lock and statement waits by what `deadline` leaves, when the
+/// limits in force do not already (see `WaitLimit::limit_to_set`): in a steady stream
+/// one statement per connection, not one per batch.
+///
+/// The limits stay with the session, so a worker's connection that fails is closed, never
+/// handed back to the pool where other queries would inherit them.
+async fn limit_session(
+    db: &Database,
+    kept: &mut WorkerConnection,
+    deadline: Instant,
+) -> Result<(), StoreError> {
+    if let Some(limit) = kept.limit.limit_to_set(remaining(deadline)?) {
+        kept.conn
+            .execute(AssertSqlSafe(set_wait_limits("SET", limit)))
+            .await
+            .map_err(|err| db.error(err))?;
+    }
+    // The SET took a round trip; the statement is sent only if there is still time.
+    remaining(deadline).map(drop)
+}
+
+/// Both limits set, for the rest of this transaction, to a statement's share of what
+/// `deadline` leaves now (sent with `BEGIN`, and again before a second waiting statement:
+/// each limit counts from its statement's start, so that one must not get the whole again).
+fn local_limits(deadline: Instant) -> Result<String, StoreError> {
+    Ok(set_wait_limits(
+        "SET LOCAL",
+        statement_share(remaining(deadline)?),
+    ))
+}
+
+/// `lock_timeout` and `statement_timeout` both set to `limit`, with `set` (`SET` for the
+/// session, `SET LOCAL` for the transaction), in whole milliseconds, at least one: zero
+/// would mean no limit at all.
+fn set_wait_limits(set: &str, limit: Duration) -> String {
+    let millis = limit.as_millis().max(1);
+    format!("{set} lock_timeout = {millis}; {set} statement_timeout = {millis}")
 }

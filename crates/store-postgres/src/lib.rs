@@ -3,15 +3,12 @@
 //! `webhooks.rs` each implement their trait. Every query goes through `Database`.
 
 mod announcements;
-mod batch_statement;
 mod database;
 mod deletion_log;
 mod failover;
 mod group_commit;
 mod hosts;
-mod schema;
 mod tokens;
-mod wait_limits;
 mod webhooks;
 
 use std::sync::Arc;
@@ -20,7 +17,7 @@ use async_trait::async_trait;
 use plantstore_group_commit::Batcher;
 use plantstore_store::{
     CommitNewsReceiver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
-    backend::CommitNews,
+    backend::{CommitNews, SchemaFacts, schema_verdict},
 };
 
 use announcements::{AnnouncerId, Listening};
@@ -28,13 +25,6 @@ use database::Database;
 use group_commit::PgBatchWriter;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
-
-/// How many group commits one instance keeps in flight, each on its own connection. Two
-/// let one batch execute while the other waits for its WAL flush; more workers made
-/// smaller batches and cost more CPU per delete in the benchmark (bench/RESULTS.md).
-fn commit_workers(max_connections: u32) -> usize {
-    (max_connections / 4).clamp(1, 2) as usize
-}
 
 #[derive(Clone)]
 pub struct PostgresStore {
@@ -49,7 +39,7 @@ pub struct PostgresStore {
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PostgresStore")
-            .field("pool", self.db.pool())
+            .field("pool", &self.db.pool)
             .field("batcher", &self.batcher)
             .finish_non_exhaustive()
     }
@@ -59,13 +49,14 @@ impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
         let db = Database::open(url, &settings).await?;
-        let workers = commit_workers(settings.max_connections);
-        // Deletions waiting alone for a locked row may take only the connections the
-        // commit workers do not need.
+        // Group commits in flight, each on its own connection. Two let one batch execute
+        // while the other waits for its WAL flush; more workers made smaller batches and
+        // cost more CPU per delete in the benchmark (bench/RESULTS.md).
+        let workers = (settings.max_connections / 4).clamp(1, 2) as usize;
         let lone_retries = (settings.max_connections as usize)
             .saturating_sub(workers)
             .max(1);
-        let announcer = AnnouncerId::new();
+        let announcer = AnnouncerId(uuid::Uuid::new_v4().to_string().into());
         let writer = Arc::new(PgBatchWriter::new(
             db.clone(),
             settings.idempotency_ttl.as_secs_f64(),
@@ -93,11 +84,41 @@ impl PostgresStore {
 impl Store for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn migrate(&self) -> Result<(), StoreError> {
-        Ok(MIGRATOR.run(self.db.pool()).await?)
+        Ok(MIGRATOR.run(&self.db.pool).await?)
     }
 
+    #[tracing::instrument(skip(self))]
     async fn check_schema(&self) -> Result<(), StoreError> {
-        schema::check(&self.db).await
+        // to_regclass resolves through search_path, as the service's own queries do. A
+        // unique index counts only on exactly (id) and without a WHERE clause.
+        let facts = sqlx::query_as!(
+            SchemaFacts,
+            r#"WITH id AS (
+                   SELECT attnum, atttypid, format_type(atttypid, atttypmod) AS type_name
+                   FROM pg_attribute
+                   WHERE attrelid = to_regclass('plants') AND attname = 'id' AND NOT attisdropped
+               )
+               SELECT
+                   (SELECT type_name FROM id) AS "plants_id_type?",
+                   COALESCE((SELECT atttypid IN ('smallint'::regtype, 'integer'::regtype, 'bigint'::regtype)
+                             FROM id), false) AS "plants_id_is_integer!",
+                   EXISTS (SELECT 1 FROM pg_index i, id
+                           WHERE i.indrelid = to_regclass('plants') AND i.indisunique
+                             AND i.indnkeyatts = 1 AND i.indkey[0] = id.attnum
+                             AND i.indpred IS NULL) AS "plants_id_is_unique!",
+                   (to_regclass('plantstore_tokens') IS NOT NULL
+                    AND to_regclass('plantstore_webhook_endpoints') IS NOT NULL
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_deletions')
+                                  AND attname = 'snapshot' AND NOT attisdropped)
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_webhook_endpoints')
+                                  AND attname = 'previous_secret' AND NOT attisdropped)) AS "has_own_tables!""#
+        )
+        .fetch_one(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        schema_verdict(&facts)
     }
 
     /// Ready means able to delete: a server that takes no writes is not. A connection
@@ -142,8 +163,8 @@ impl Store for PostgresStore {
 
     fn stats(&self) -> StoreStats {
         StoreStats {
-            pool_size: self.db.pool().size(),
-            pool_idle: self.db.pool().num_idle(),
+            pool_size: self.db.pool.size(),
+            pool_idle: self.db.pool.num_idle(),
             queued: self.batcher.queued(),
         }
     }
@@ -151,12 +172,12 @@ impl Store for PostgresStore {
     fn commits(&self) -> CommitNewsReceiver {
         let receiver = self.news.subscribe();
         self.listening
-            .start_unless_running(self.db.pool(), &self.news);
+            .start_unless_running(&self.db.pool, &self.news);
         receiver
     }
 
     async fn close(&self) {
         self.writer.kept.release_all();
-        self.db.pool().close().await;
+        self.db.pool.close().await;
     }
 }

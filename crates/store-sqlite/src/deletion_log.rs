@@ -115,14 +115,13 @@ async fn restore_entry(
         .execute(&mut *tx)
         .await
         .map_err(|err| RestoreError::from_insert(classify(err)))?;
-    let now = Utc::now();
     sqlx::query!(
         "UPDATE plantstore_deletions
          SET restored_at = ?, restored_by = ?,
              restored_pos = (SELECT MAX(id) FROM plantstore_deletions),
              restored_seq = (SELECT COALESCE(MAX(restored_seq), 0) + 1 FROM plantstore_deletions)
          WHERE id = ?",
-        now,
+        Utc::now(),
         by,
         entry
     )

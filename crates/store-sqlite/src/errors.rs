@@ -4,28 +4,14 @@
 use plantstore_store::StoreError;
 
 /// SQLite result codes (low byte of the extended code) after which the same request may
-/// well succeed later: busy or locked by another connection, the file read-only or
-/// unreadable now, a disk I/O error, the disk full, the file not openable.
+/// well succeed later: busy (5) or locked (6) by another connection, the file read-only (8)
+/// or unreadable now, a disk I/O error (10), the disk full (13), the file not openable (14).
+const TRANSIENT_CODES: [i32; 6] = [5, 6, 8, 10, 13, 14];
 const SQLITE_BUSY: i32 = 5;
-const SQLITE_LOCKED: i32 = 6;
-const SQLITE_READONLY: i32 = 8;
-const SQLITE_IOERR: i32 = 10;
-const SQLITE_FULL: i32 = 13;
-const SQLITE_CANTOPEN: i32 = 14;
 
 pub(crate) fn classify(err: sqlx::Error) -> StoreError {
     StoreError::classify(err, |db| {
-        matches!(
-            primary_code(db),
-            Some(
-                SQLITE_BUSY
-                    | SQLITE_LOCKED
-                    | SQLITE_READONLY
-                    | SQLITE_IOERR
-                    | SQLITE_FULL
-                    | SQLITE_CANTOPEN
-            )
-        )
+        primary_code(db).is_some_and(|code| TRANSIENT_CODES.contains(&code))
     })
 }
 

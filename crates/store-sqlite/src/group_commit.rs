@@ -15,7 +15,7 @@ use plantstore_group_commit::{
 use plantstore_store::{Deletion, StoreError, time::before_now};
 use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
 
-use crate::{errors::classify, snapshot, write_connection::WriteConnection};
+use crate::{WriteConnection, errors::classify, snapshot};
 
 /// Commits the batches on the write connection: one transaction, two statements (three
 /// when a request carries an idempotency key).
@@ -116,13 +116,12 @@ async fn commit_batch(
             })
             .collect();
         let audit = to_json(&audit)?;
-        let now = Utc::now();
         sqlx::query!(
             "INSERT INTO plantstore_deletions
                  (plant_id, token_name, request_id, idempotency_key, snapshot, deleted_at)
              SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4, ?
              FROM json_each(?)",
-            now,
+            Utc::now(),
             audit,
         )
         .execute(&mut *tx)

@@ -1,31 +1,37 @@
 //! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
-//! one write connection and a pool of readers. This file connects and serves `Store`;
-//! `deletion_log.rs`, `tokens.rs` and `webhooks.rs` each implement their trait.
+//! one write connection and a pool of readers. This file connects, holds the write
+//! connection and serves `Store`; `deletion_log.rs`, `tokens.rs` and `webhooks.rs` each
+//! implement their trait.
 
 mod deletion_log;
 mod errors;
 mod group_commit;
-mod schema;
 mod snapshot;
 mod tokens;
 mod webhooks;
-mod write_connection;
 
-use std::{str::FromStr, sync::Arc};
+use std::{str::FromStr, sync::Arc, time::Duration};
 
 use async_trait::async_trait;
-use plantstore_group_commit::Batcher;
+use plantstore_group_commit::{Batcher, KeptConnections, LimitedConnection, remaining, wait_until};
 use plantstore_store::{
     CommitNewsReceiver, Deleted, Deletion, Store, StoreError, StoreSettings, StoreStats,
-    backend::{CommitNews, probe},
+    backend::{CommitNews, SchemaFacts, schema_verdict},
 };
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+use sqlx::{
+    AssertSqlSafe, ConnectOptions, Connection, Executor, Sqlite, SqliteConnection,
+    pool::PoolConnection,
+    sqlite::{
+        SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    },
+};
+use tokio::{
+    sync::{Mutex, MutexGuard},
+    time::Instant,
 };
 
-use errors::classify;
+use errors::{classify, is_busy};
 use group_commit::SqliteBatchWriter;
-use write_connection::WriteConnection;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!();
 
@@ -59,9 +65,16 @@ impl SqliteStore {
     /// Opens the write connection and one reader, so a bad path fails at start, not on a request.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
         let options = connect_options(url, &settings)?;
-        probe(&options, settings.acquire_timeout)
-            .await
-            .map_err(classify)?;
+        // The pool retries a refused connection until its timeout, then reports only that it
+        // timed out: one connection first reports the cause ("unable to open file").
+        match tokio::time::timeout(settings.acquire_timeout, options.connect()).await {
+            Ok(connection) => connection
+                .map_err(classify)?
+                .close()
+                .await
+                .map_err(classify)?,
+            Err(_elapsed) => return Err(classify(sqlx::Error::PoolTimedOut)),
+        }
         let write_pool = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(settings.acquire_timeout)
@@ -102,8 +115,33 @@ impl Store for SqliteStore {
         self.write_connection.migrate().await
     }
 
+    #[tracing::instrument(skip(self))]
     async fn check_schema(&self) -> Result<(), StoreError> {
-        schema::check(&self.readers).await
+        // INTEGER affinity is any declared type containing "INT" (SQLite's own rule). Unique:
+        // the whole primary key, or a unique index on exactly (id) without a WHERE clause.
+        let facts = sqlx::query_as!(
+            SchemaFacts,
+            r#"SELECT
+                (SELECT coalesce(nullif(type, ''), '(no declared type)') FROM pragma_table_info('plants') WHERE name = 'id') AS "plants_id_type?: String",
+                coalesce((SELECT instr(upper(type), 'INT') > 0 FROM pragma_table_info('plants') WHERE name = 'id'), false) AS "plants_id_is_integer!: bool",
+                ((SELECT pk FROM pragma_table_info('plants') WHERE name = 'id') = 1
+                 AND (SELECT COUNT(*) FROM pragma_table_info('plants') WHERE pk > 0) = 1)
+                OR EXISTS (SELECT 1 FROM pragma_index_list('plants') AS il
+                           WHERE il."unique" = 1 AND il.partial = 0
+                             AND (SELECT COUNT(*) FROM pragma_index_info(il.name)) = 1
+                             AND (SELECT name FROM pragma_index_info(il.name)) = 'id') AS "plants_id_is_unique!: bool",
+                (SELECT COUNT(*) FROM sqlite_master
+                  WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions',
+                                                 'plantstore_webhook_endpoints'))
+                + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
+                    WHERE name = 'snapshot')
+                + (SELECT COUNT(*) FROM pragma_table_info('plantstore_webhook_endpoints')
+                    WHERE name = 'previous_secret') = 5 AS "has_own_tables!: bool""#
+        )
+        .fetch_one(&self.readers)
+        .await
+        .map_err(classify)?;
+        schema_verdict(&facts)
     }
 
     #[tracing::instrument(skip(self))]
@@ -151,5 +189,128 @@ impl Store for SqliteStore {
     async fn close(&self) {
         self.write_connection.close().await;
         self.readers.close().await;
+    }
+}
+
+type KeptWriteConnection = LimitedConnection<PoolConnection<Sqlite>>;
+
+/// The one connection this process writes with: its own writes never wait on each
+/// other's locks, and the group commit shares its syncs. It is kept rather than returned
+/// to its pool after each use (see `KeptConnections`).
+#[derive(Debug)]
+pub(crate) struct WriteConnection {
+    pool: SqlitePool,
+    kept: KeptConnections<KeptWriteConnection>,
+    /// Whoever holds it holds this process's write access.
+    turn: Mutex<()>,
+    /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`: the longest wait for another process's write lock.
+    busy_wait: Duration,
+}
+
+impl WriteConnection {
+    /// `pool` holds one connection at most.
+    pub(crate) fn new(pool: SqlitePool, busy_wait: Duration) -> Self {
+        Self {
+            pool,
+            kept: KeptConnections::default(),
+            turn: Mutex::new(()),
+            busy_wait,
+        }
+    }
+
+    /// Waits for a turn to write, for a command: as long as for another process's write lock.
+    pub(crate) async fn lock(&self) -> Result<WriteTurn<'_>, StoreError> {
+        self.lock_by(Instant::now() + self.busy_wait).await
+    }
+
+    /// Waits for a turn to write, by `deadline`; its busy wait for another process's write
+    /// lock then ends by `deadline` too, so a batch never begins after its request was
+    /// answered.
+    pub(crate) async fn lock_by(&self, deadline: Instant) -> Result<WriteTurn<'_>, StoreError> {
+        let turn = wait_until(deadline, async { Ok(self.turn.lock().await) }).await?;
+        let mut kept = match self.kept.take() {
+            Some(kept) => kept,
+            None => wait_until(deadline, async {
+                self.pool.acquire().await.map_err(classify)
+            })
+            .await
+            .map(LimitedConnection::new)?,
+        };
+        let left = remaining(deadline)?;
+        let allowed = left.min(self.busy_wait);
+        if let Some(limit) = kept.limit.limit_to_set(allowed) {
+            kept.conn
+                .execute(AssertSqlSafe(format!(
+                    "PRAGMA busy_timeout = {}",
+                    limit.as_millis()
+                )))
+                .await
+                .map_err(classify)?;
+        }
+        Ok(WriteTurn {
+            _turn: turn,
+            conn: Some(kept),
+            kept: &self.kept,
+            ends_with_deadline: left < self.busy_wait,
+        })
+    }
+
+    /// sqlx's migrator takes a pool; the kept connection goes back to it for the run,
+    /// and nobody else writes meanwhile.
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
+        let _turn = self.turn.lock().await;
+        drop(self.kept.take());
+        Ok(MIGRATOR.run(&self.pool).await?)
+    }
+
+    pub(crate) async fn close(&self) {
+        let _turn = self.turn.lock().await;
+        self.kept.release_all();
+        self.pool.close().await;
+    }
+}
+
+/// This process's turn to write, holding the write connection; the connection is kept
+/// again when the turn ends. A batch that failed closes it rather than keeping it: a
+/// commit that failed (a full disk) left sqlx believing a transaction was still open on
+/// it, and every later `BEGIN` on that connection was refused.
+pub(crate) struct WriteTurn<'a> {
+    _turn: MutexGuard<'a, ()>,
+    conn: Option<KeptWriteConnection>,
+    kept: &'a KeptConnections<KeptWriteConnection>,
+    /// The busy wait ends with the deadline, not before: a busy error means it passed.
+    ends_with_deadline: bool,
+}
+
+impl WriteTurn<'_> {
+    /// `err` as the caller should see it: a busy wait cut off by the deadline is the
+    /// deadline's error.
+    pub(crate) fn caller_error(&self, err: StoreError) -> StoreError {
+        if self.ends_with_deadline && is_busy(&err) {
+            StoreError::TimedOut
+        } else {
+            err
+        }
+    }
+
+    pub(crate) fn conn(&mut self) -> Result<&mut SqliteConnection, StoreError> {
+        self.conn
+            .as_mut()
+            .map(|kept| &mut *kept.conn)
+            .ok_or(StoreError::Stopped)
+    }
+
+    pub(crate) async fn discard(mut self) {
+        if let Some(kept) = self.conn.take() {
+            let _closed = kept.conn.close().await;
+        }
+    }
+}
+
+impl Drop for WriteTurn<'_> {
+    fn drop(&mut self) {
+        if let Some(kept) = self.conn.take() {
+            self.kept.keep(kept);
+        }
     }
 }

@@ -73,12 +73,10 @@ pub(crate) fn insert_from_snapshot(
     sqlx::query(AssertSqlSafe(sql)).bind(entry)
 }
 
-/// `name` as an SQL identifier.
 fn identifier(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// `name` as an SQL string literal.
 fn literal(name: &str) -> String {
     format!("'{}'", name.replace('\'', "''"))
 }

@@ -19,18 +19,16 @@ use crate::{SqliteStore, errors::classify};
 impl Webhooks for SqliteStore {
     #[tracing::instrument(skip_all)]
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
-        let now = Utc::now();
-        let events = event_list(&endpoint.events);
         sqlx::query_scalar!(
             r#"INSERT INTO plantstore_webhook_endpoints
                (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id, created_at)
            VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
            RETURNING id AS "id!: i64""#,
             endpoint.url,
-            events,
+            event_list(&endpoint.events),
             endpoint.secret,
             endpoint.http2,
-            now
+            Utc::now()
         )
         .fetch_one(self.write_connection.lock().await?.conn()?)
         .await
@@ -229,7 +227,6 @@ impl Webhooks for SqliteStore {
         owner: &str,
         report: &DeliveryReport,
     ) -> Result<bool, StoreError> {
-        let state = report.state.as_str();
         let done = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?4, cursor_kind = ?5, cursor_id = ?6,
@@ -243,7 +240,7 @@ impl Webhooks for SqliteStore {
             report.cursor.kind,
             report.cursor.seq,
             report.delivered_through,
-            state,
+            report.state.as_str(),
             report.last_error,
             report.next_attempt_at,
         )

@@ -75,7 +75,6 @@ pub struct TokenRecord {
 /// errors into [`StoreError`] by kind so callers never see database text.
 #[async_trait]
 pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static {
-    /// Applies this backend's migrations.
     async fn migrate(&self) -> Result<(), StoreError>;
 
     /// Checks, without changing anything, that the schema the service needs is present

@@ -108,7 +108,6 @@ impl TryFrom<&str> for EndpointState {
 impl TryFrom<i64> for EventKind {
     type Error = StoreError;
 
-    /// The kind whose `stream_order` is `code`.
     fn try_from(code: i64) -> Result<Self, StoreError> {
         Self::ALL
             .into_iter()

@@ -7,10 +7,8 @@ use tokio::sync::watch;
 
 use crate::CommitNewsReceiver;
 
-/// A counter bumped after each commit that wrote deletion log entries (a group commit
-/// with a delete in it, a restore, a replay), and on PostgreSQL when another process's
-/// commit is heard. Receivers only learn that it changed: one change may stand for many
-/// commits, so a reader reads everything new, never one event per change.
+/// A counter bumped after each commit that wrote deletion log entries, and on PostgreSQL
+/// when another process's commit is heard (see `Store::commits`).
 #[derive(Debug, Clone, Default)]
 pub struct CommitNews(Arc<watch::Sender<u64>>);
 

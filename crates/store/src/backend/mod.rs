@@ -3,20 +3,248 @@
 //! its own, `plantstore-group-commit`.
 
 mod commit_news;
-mod restore;
-mod rows;
-mod schema;
+
+use chrono::{DateTime, Utc};
 
 pub use commit_news::CommitNews;
-pub use restore::{EntryState, column_changes};
-pub use rows::{EndpointRow, EventRow, LeaseRow, event_list};
-pub use schema::{SchemaFacts, probe, schema_verdict};
+
+use crate::{
+    DeletionRecord, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
+    RestoreError, Signing, StoreError, StreamPosition,
+};
 
 /// `StoreError::NotFound` when a statement that names one row by its key changed none.
-pub fn not_found_if_none(rows_affected: u64) -> Result<(), crate::StoreError> {
+pub fn not_found_if_none(rows_affected: u64) -> Result<(), StoreError> {
     if rows_affected == 0 {
-        Err(crate::StoreError::NotFound)
+        Err(StoreError::NotFound)
     } else {
         Ok(())
     }
+}
+
+/// What a backend read of a log entry before restoring it.
+#[derive(Debug)]
+pub struct EntryState {
+    pub plant_id: i64,
+    pub has_snapshot: bool,
+    pub restored_at: Option<DateTime<Utc>>,
+    pub restored_by: Option<String>,
+    /// A plant with the entry's id is in `plants` now.
+    pub plant_exists: bool,
+}
+
+impl EntryState {
+    /// Refuses a restore that cannot be done whatever the table's columns are, checked in
+    /// the order a user would fix them.
+    pub fn restorable(self) -> Result<(), RestoreError> {
+        if let Some(at) = self.restored_at {
+            return Err(RestoreError::AlreadyRestored {
+                at,
+                by: self.restored_by.unwrap_or_default(),
+            });
+        }
+        if !self.has_snapshot {
+            return Err(RestoreError::NoSnapshot);
+        }
+        if self.plant_exists {
+            return Err(RestoreError::PlantExists(self.plant_id));
+        }
+        Ok(())
+    }
+}
+
+/// The columns of `plants` now (`table`) against those of a snapshot, each list sorted.
+pub fn column_changes(table: &[String], snapshot: &[String]) -> Result<(), RestoreError> {
+    let mut missing: Vec<String> = table
+        .iter()
+        .filter(|c| !snapshot.contains(c))
+        .cloned()
+        .collect();
+    let mut unknown: Vec<String> = snapshot
+        .iter()
+        .filter(|c| !table.contains(c))
+        .cloned()
+        .collect();
+    if missing.is_empty() && unknown.is_empty() {
+        return Ok(());
+    }
+    missing.sort();
+    unknown.sort();
+    Err(RestoreError::ColumnsChanged { missing, unknown })
+}
+
+/// An event as both backends select it: `kind` 0 is a delete, 1 a restore; `seq` orders
+/// the events of one place and kind (the entry's id; on SQLite a restore's own sequence).
+#[derive(Debug)]
+pub struct EventRow {
+    pub pos: i64,
+    pub kind: i64,
+    pub seq: i64,
+    pub id: i64,
+    pub plant_id: i64,
+    pub caller: String,
+    pub request_id: String,
+    pub idempotency_key: Option<String>,
+    pub deleted_at: DateTime<Utc>,
+    pub snapshot: Option<String>,
+    pub restored_at: Option<DateTime<Utc>>,
+    pub restored_by: Option<String>,
+}
+
+impl TryFrom<EventRow> for Event {
+    type Error = StoreError;
+
+    fn try_from(row: EventRow) -> Result<Self, StoreError> {
+        Ok(Event {
+            position: StreamPosition {
+                pos: row.pos,
+                kind: row.kind,
+                seq: row.seq,
+            },
+            kind: EventKind::try_from(row.kind)?,
+            entry: DeletionRecord {
+                id: row.id,
+                plant_id: row.plant_id,
+                caller: row.caller,
+                request_id: row.request_id,
+                idempotency_key: row.idempotency_key,
+                deleted_at: row.deleted_at,
+                snapshot: row.snapshot,
+                restored_at: row.restored_at,
+                restored_by: row.restored_by,
+            },
+        })
+    }
+}
+
+/// A claimed endpoint as both backends return it.
+#[derive(Debug)]
+pub struct LeaseRow {
+    pub id: i64,
+    pub url: String,
+    pub events: String,
+    pub secret: String,
+    /// Set only while the rotation's overlap lasts.
+    pub previous_secret: Option<String>,
+    pub http2: bool,
+    pub generation: i64,
+    pub cursor_pos: i64,
+    pub cursor_kind: i64,
+    pub cursor_id: i64,
+}
+
+impl TryFrom<LeaseRow> for Lease {
+    type Error = StoreError;
+
+    fn try_from(row: LeaseRow) -> Result<Self, StoreError> {
+        Ok(Lease {
+            endpoint_id: row.id,
+            url: row.url,
+            events: event_kinds(&row.events)?,
+            signing: Signing {
+                secret: row.secret,
+                previous_secret: row.previous_secret,
+            },
+            http2: row.http2,
+            generation: row.generation,
+            cursor: StreamPosition {
+                pos: row.cursor_pos,
+                kind: row.cursor_kind,
+                seq: row.cursor_id,
+            },
+        })
+    }
+}
+
+/// An endpoint as both backends list it.
+#[derive(Debug)]
+pub struct EndpointRow {
+    pub id: i64,
+    pub url: String,
+    pub events: String,
+    pub http2: bool,
+    pub previous_secret_until: Option<DateTime<Utc>>,
+    pub state: String,
+    pub delivered_through: Option<i64>,
+    pub pending: i64,
+    pub last_error: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+}
+
+impl TryFrom<EndpointRow> for EndpointRecord {
+    type Error = StoreError;
+
+    fn try_from(row: EndpointRow) -> Result<Self, StoreError> {
+        Ok(EndpointRecord {
+            id: row.id,
+            url: row.url,
+            events: event_kinds(&row.events)?,
+            http2: row.http2,
+            previous_secret_until: row.previous_secret_until,
+            state: EndpointState::try_from(row.state.as_str())?,
+            delivered_through: row.delivered_through,
+            pending: row.pending,
+            last_error: row.last_error,
+            next_attempt_at: row.next_attempt_at,
+            created_at: row.created_at,
+        })
+    }
+}
+
+/// The `events` column: the types' names, comma-separated.
+pub fn event_list(kinds: &EventKinds) -> String {
+    kinds
+        .iter()
+        .map(|kind| kind.name())
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn event_kinds(list: &str) -> Result<EventKinds, StoreError> {
+    list.split(',')
+        .map(|name| {
+            EventKind::from_name(name)
+                .ok_or(StoreError::Broken("an endpoint with an unknown event type"))
+        })
+        .collect()
+}
+
+/// What a backend found in its catalog about the tables the service uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemaFacts {
+    /// The declared type of `plants.id`; `None` when there is no such column.
+    pub plants_id_type: Option<String>,
+    /// An integer type: smallint, integer or bigint (SQLite: INTEGER affinity).
+    pub plants_id_is_integer: bool,
+    /// A primary key or unique index on exactly `(id)`, with no condition: one id can
+    /// never name, and so never delete, several rows.
+    pub plants_id_is_unique: bool,
+    /// The service's tables, as its latest migration leaves them.
+    pub has_own_tables: bool,
+}
+
+/// What `Store::check_schema` reports, given what a backend found in its catalog.
+pub fn schema_verdict(facts: &SchemaFacts) -> Result<(), StoreError> {
+    let Some(id_type) = &facts.plants_id_type else {
+        return Err(StoreError::Schema(
+            "the database has no plants.id column: create the plants table, or start with PLANTSTORE_MIGRATE=true".into(),
+        ));
+    };
+    if !facts.plants_id_is_integer {
+        return Err(StoreError::Schema(format!(
+            "plants.id is of type {id_type}: the service needs an integer column (smallint, integer or bigint) to delete plants by id"
+        )));
+    }
+    if !facts.plants_id_is_unique {
+        return Err(StoreError::Schema(format!(
+            "plants.id ({id_type}) is not unique: add a primary key or a unique index on plants (id), so that one id can never delete several rows"
+        )));
+    }
+    if !facts.has_own_tables {
+        return Err(StoreError::Schema(
+            "the service's own tables are missing or older than this version: run `plantstore migrate` once, or start with PLANTSTORE_MIGRATE=true".into(),
+        ));
+    }
+    Ok(())
 }
