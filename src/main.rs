@@ -39,7 +39,7 @@ async fn main() -> ExitCode {
     tokio::task::block_in_place(|| telemetry.shutdown());
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => fail(&cli::one_line(&err)),
+        Err(err) => fail(&telemetry::one_line(err.as_ref())),
     }
 }
 

@@ -21,7 +21,6 @@ use crate::{
 pub struct Application {
     acceptor: TcpAcceptor,
     address: SocketAddr,
-    /// `PLANTSTORE_ADMIN_LISTEN`: the ops endpoints' own listener, when set.
     admin: Option<(TcpAcceptor, SocketAddr)>,
     documents: Documents,
     config: ServeConfig,
@@ -46,12 +45,12 @@ impl Application {
             .await
             .context("cannot create the initial token")?;
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
-        let deliveries = Deliveries::new(
-            Arc::clone(&store),
-            &config.serve.webhooks,
-            Arc::clone(&metrics),
-            lease_owner(address),
-        );
+        let deliveries = Deliveries {
+            store: Arc::clone(&store),
+            config: config.serve.webhooks.clone(),
+            metrics: Arc::clone(&metrics),
+            owner: lease_owner(address).into(),
+        };
         let state = AppState::new(store, &config.serve, metrics, jwt);
         Ok(Self {
             acceptor,
@@ -174,15 +173,13 @@ pub async fn shutdown_signal() {
     };
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+            Ok(mut signal) => signal.recv().await,
+            Err(_) => std::future::pending().await,
         }
     };
     tokio::select! {
         () = ctrl_c => {},
-        () = terminate => {},
+        _ = terminate => {},
     }
     tracing::info!("shutdown requested; finishing in-flight requests");
 }

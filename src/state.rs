@@ -8,7 +8,7 @@ use std::sync::{
 use plantstore_store::Store;
 
 use crate::{
-    auth::{TokenCache, jwt::JwtVerifier, rate_limit::RateLimiter},
+    auth::{jwt::JwtVerifier, rate_limit::RateLimiter, tokens::TokenCache},
     config::ServeConfig,
     telemetry::Metrics,
 };
@@ -40,8 +40,6 @@ impl Draining {
 }
 
 impl AppState {
-    /// `jwt`: JWTs checked beside the service's own tokens, when the settings name a key
-    /// source.
     pub fn new(
         store: Arc<dyn Store>,
         config: &ServeConfig,

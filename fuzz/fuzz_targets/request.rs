@@ -47,7 +47,7 @@ static SERVICE: LazyLock<Service> = LazyLock::new(|| {
     let url = format!("sqlite://{dir}/fuzz.db?mode=rwc");
     let cli = Cli::try_parse_from(["plantstore", "--database-url", &url]).expect("settings");
     let (app, token) = runtime.block_on(async {
-        let store = database::open(&cli.config)
+        let store = database::open(&cli.config, None)
             .await
             .expect("the store opens");
         store.seed_plants(SEEDED).await.expect("seed");

@@ -3,12 +3,9 @@
 
 pub mod jwt;
 pub mod rate_limit;
-mod token_cache;
 pub mod tokens;
 
 use std::sync::Arc;
-
-pub use token_cache::TokenCache;
 
 /// The caller a valid token stands for.
 #[derive(Debug, Clone)]
@@ -32,6 +29,17 @@ pub enum AuthFailure {
     NotYetValid,
     /// JWT: wrong `iss` or `aud`, or no `sub` or `exp`.
     WrongClaims,
+}
+
+/// Why a JWT was not accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JwtRejection {
+    /// 401: not a valid token.
+    Invalid(AuthFailure),
+    /// 403: valid, but without the required scope.
+    MissingScope,
+    /// 503: its key is not known and the identity provider's JWKS cannot be read now.
+    KeysUnavailable,
 }
 
 impl AuthFailure {

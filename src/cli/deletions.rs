@@ -48,7 +48,6 @@ pub enum DeletionsCommand {
     },
 }
 
-/// Runs one command against an open store; the caller closes it.
 pub(super) async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow::Result<()> {
     match command {
         DeletionsCommand::List {
@@ -104,7 +103,6 @@ fn current_user() -> String {
     }
 }
 
-/// The moment `duration` before now.
 fn ago(duration: Duration) -> anyhow::Result<DateTime<Utc>> {
     before_now(duration).context("the duration reaches back before any date the log can hold")
 }

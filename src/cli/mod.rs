@@ -175,8 +175,3 @@ impl Cli {
         outcome
     }
 }
-
-/// An error and its causes on one line, each cause once (drivers often repeat theirs).
-pub fn one_line(err: &anyhow::Error) -> String {
-    crate::telemetry::one_line(err.as_ref())
-}

@@ -34,7 +34,6 @@ pub enum TokenCommand {
     },
 }
 
-/// Runs one command against an open store; the caller closes it.
 pub(super) async fn run(store: &dyn Store, command: TokenCommand) -> anyhow::Result<()> {
     match command {
         TokenCommand::Create { name, expires_in } => {

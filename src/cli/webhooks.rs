@@ -58,7 +58,6 @@ pub enum WebhooksCommand {
     },
 }
 
-/// Runs one command against an open store; the caller closes it.
 pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::Result<()> {
     match command {
         WebhooksCommand::Add { url, events, http2 } => {

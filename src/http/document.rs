@@ -4,13 +4,16 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use poem::{
-    Endpoint, IntoResponse, PathPattern, Request, Response, Route, get, http::Method, web::Redirect,
-};
+use poem::{Response, Route, get};
 use poem_openapi::{ContactObject, LicenseObject, OpenApiService, ServerObject};
 use serde_json::{Value, json};
 
-use super::{error::ApiError, idempotency_key, plants::PlantsApi, request_id, routes::RouteFacts};
+use super::{
+    error::ApiError,
+    front_door::{REQUEST_ID_HEADER, RouteFacts},
+    idempotency_key,
+    plants::PlantsApi,
+};
 
 /// A rendering of the document that failed, so the service cannot serve it.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +32,7 @@ pub struct Documents {
     json: Bytes,
     yaml: Bytes,
     ui: Bytes,
-    route_facts: Arc<RouteFacts>,
+    pub(super) route_facts: Arc<RouteFacts>,
 }
 
 impl Documents {
@@ -51,10 +54,6 @@ impl Documents {
             ui: ui.replace(spec, &json).into(),
             json: json.into(),
         })
-    }
-
-    pub(super) fn route_facts(&self) -> Arc<RouteFacts> {
-        Arc::clone(&self.route_facts)
     }
 
     /// `/openapi.json`, `/openapi.yaml` and `/docs`.
@@ -137,7 +136,7 @@ fn completed(spec: &str) -> Result<Value, DocumentError> {
             {
                 headers.insert(idempotency_key::REPLAYED_HEADER.to_owned(), replayed);
             }
-            response["headers"][request_id::HEADER] = json!({
+            response["headers"][REQUEST_ID_HEADER] = json!({
                 "description": "The request's id: the caller's own when it is 1 to 128 of A-Z a-z 0-9 - _ . : and else a new UUID; the same id is in the log line and the audit row",
                 "required": true,
                 "schema": {"type": "string"},
@@ -153,45 +152,9 @@ fn completed(spec: &str) -> Result<Value, DocumentError> {
     Ok(document)
 }
 
-/// `/` leads a browser to Swagger UI. In front of the router, because the operations
-/// nested at `/` own that path there.
-pub(super) async fn root_to_docs<E: Endpoint>(
-    next: Arc<E>,
-    req: Request,
-) -> poem::Result<Response> {
-    if req.uri().path() != "/" {
-        return next.call(req).await.map(IntoResponse::into_response);
-    }
-    // Named here, as the router names the routes it matched.
-    let route = PathPattern("/".into());
-    match *req.method() {
-        Method::GET | Method::HEAD => {
-            let mut response = Redirect::see_other("/docs").into_response();
-            response.set_data(route);
-            Ok(response)
-        }
-        _ => {
-            let allow = "GET".into();
-            let mut err = poem::Error::from(ApiError::MethodNotAllowed { allow });
-            err.set_data(route);
-            Err(err)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_rendering_comes_from_the_one_document() {
-        let documents = Documents::render().expect("the document renders");
-        let served: Value = serde_json::from_slice(&documents.json).expect("JSON");
-        assert_eq!(served, document().expect("the document"));
-        let from_yaml: Value = serde_yaml::from_slice(&documents.yaml).expect("YAML");
-        assert_eq!(from_yaml, served);
-        assert!(documents.ui.len() > documents.json.len());
-    }
 
     #[test]
     fn a_document_that_cannot_be_read_is_an_error_not_an_empty_answer() {

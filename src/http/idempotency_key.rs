@@ -3,11 +3,7 @@
 
 use std::sync::Arc;
 
-use poem::{
-    Request, RequestBody,
-    error::ResponseError,
-    http::{HeaderMap, StatusCode},
-};
+use poem::{Request, RequestBody, error::ResponseError, http::StatusCode};
 use poem_openapi::{
     ApiExtractor, ApiExtractorType, ExtractParamOptions,
     registry::{MetaParamIn, MetaSchema, MetaSchemaRef},
@@ -62,27 +58,23 @@ impl<'a> ApiExtractor<'a> for IdempotencyKey {
         })))
     }
 
+    /// The request's key: none without the header; `InvalidKey` when it is sent twice or is
+    /// not a valid key.
     async fn from_request(
         request: &'a Request,
         _body: &mut RequestBody,
         _options: ExtractParamOptions<()>,
     ) -> poem::Result<Self> {
-        Ok(Self(from_headers(request.headers())?))
+        let mut values = request.headers().get_all(HEADER).iter();
+        let Some(value) = values.next() else {
+            return Ok(Self(None));
+        };
+        if values.next().is_some() {
+            return Err(InvalidKey.into());
+        }
+        let text = value.to_str().map_err(|_not_ascii| InvalidKey)?;
+        Ok(Self(Some(parse(text)?)))
     }
-}
-
-/// The request's key: none without the header; `InvalidKey` when it is sent twice or is
-/// not a valid key.
-fn from_headers(headers: &HeaderMap) -> Result<Option<Arc<str>>, InvalidKey> {
-    let mut values = headers.get_all(HEADER).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(InvalidKey);
-    }
-    let text = value.to_str().map_err(|_not_ascii| InvalidKey)?;
-    parse(text).map(Some)
 }
 
 /// The key in a header value: the draft's quoted string (`"abc"`, with `\"` and `\\`

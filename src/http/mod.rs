@@ -1,22 +1,19 @@
 //! The HTTP layer's front door: the route table, every layer a response passes, and the
 //! servers, whose client connections `connection_limits` holds to their limits.
 
-mod bearer;
-mod cors;
 mod document;
 mod error;
 mod front_door;
 pub mod idempotency_key;
 mod ops;
 mod plants;
-mod request_id;
-mod routes;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
 use poem::{
-    Endpoint, EndpointExt, Response, Route, Server, error::ResponseError, listener::TcpAcceptor,
-    middleware::CatchPanic,
+    Endpoint, EndpointExt, IntoResponse, PathPattern, Request, Response, Route, Server,
+    error::ResponseError, http::Method, listener::TcpAcceptor, middleware::CatchPanic,
+    web::Redirect,
 };
 
 pub use document::{DocumentError, Documents, document, yaml};
@@ -27,7 +24,7 @@ use crate::{
     state::AppState,
 };
 use error::ApiError;
-use front_door::{AnswerContext, FrontDoor};
+use front_door::LayerContext;
 
 /// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
 /// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
@@ -41,15 +38,12 @@ pub fn build(
     if config.admin_listen.0.is_none() {
         routes = ops::mount(routes);
     }
-    let routes = routes
-        .nest("/", document::service())
-        .around(document::root_to_docs);
-    let cors = config.cors_allowed_origins.clone();
+    let routes = routes.nest("/", document::service()).around(root_to_docs);
     layered(
         routes,
         state,
-        documents.route_facts(),
-        cors,
+        Arc::clone(&documents.route_facts),
+        config.cors_allowed_origins.clone(),
         config.request_timeout,
     )
 }
@@ -59,9 +53,8 @@ pub fn build_admin(
     state: AppState,
     config: &ServeConfig,
 ) -> impl Endpoint<Output = Response> + use<> {
-    let routes = ops::mount(Route::new());
     layered(
-        routes,
+        ops::mount(Route::new()),
         state,
         Arc::default(),
         CorsOrigins::Off,
@@ -85,20 +78,16 @@ pub fn with_layers<E: Endpoint + 'static>(
 fn layered<E: Endpoint + 'static>(
     routes: E,
     state: AppState,
-    route_facts: Arc<routes::RouteFacts>,
+    route_facts: Arc<front_door::RouteFacts>,
     cors: CorsOrigins,
     request_timeout: Duration,
 ) -> impl Endpoint<Output = Response> + use<E> {
-    let door = Arc::new(FrontDoor {
-        metrics: Arc::clone(&state.metrics),
-        draining: state.draining.clone(),
-        routes: Arc::clone(&route_facts),
-    });
-    let context = Arc::new(AnswerContext {
+    let context = Arc::new(LayerContext {
         state,
         routes: route_facts,
         request_timeout,
     });
+    let door = Arc::clone(&context);
     let cors = Arc::new(cors);
     routes
         .with(CatchPanic::new().with_handler(|_| {
@@ -106,7 +95,7 @@ fn layered<E: Endpoint + 'static>(
             ApiError::Internal.as_response()
         }))
         .around(move |inner, req| front_door::answer(inner, req, Arc::clone(&context)))
-        .around(move |inner, req| cors::cross_origin(inner, req, Arc::clone(&cors)))
+        .around(move |inner, req| front_door::cross_origin(inner, req, Arc::clone(&cors)))
         .around(move |inner, req| front_door::front_door(inner, req, Arc::clone(&door)))
 }
 
@@ -125,7 +114,7 @@ pub(crate) async fn serve<Stop: Future<Output = ()>>(
     let public = Server::new_with_acceptor(CappedAcceptor::new(
         acceptor,
         config.connections,
-        error::refused_head_answer,
+        front_door::refused_head_answer,
     ))
     .run_with_graceful_shutdown(build(state.clone(), documents, config), stop(), grace);
     let admin = async {
@@ -135,4 +124,27 @@ pub(crate) async fn serve<Stop: Future<Output = ()>>(
             .await
     };
     tokio::try_join!(public, admin).map(drop)
+}
+
+/// `/` leads a browser to Swagger UI. In front of the router, because the operations
+/// nested at `/` own that path there.
+async fn root_to_docs<E: Endpoint>(next: Arc<E>, req: Request) -> poem::Result<Response> {
+    if req.uri().path() != "/" {
+        return next.call(req).await.map(IntoResponse::into_response);
+    }
+    // Named here, as the router names the routes it matched.
+    let route = PathPattern("/".into());
+    match *req.method() {
+        Method::GET | Method::HEAD => {
+            let mut response = Redirect::see_other("/docs").into_response();
+            response.set_data(route);
+            Ok(response)
+        }
+        _ => {
+            let allow = "GET".into();
+            let mut err = poem::Error::from(ApiError::MethodNotAllowed { allow });
+            err.set_data(route);
+            Err(err)
+        }
+    }
 }

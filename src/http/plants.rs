@@ -1,17 +1,25 @@
-//! The published operation, `DELETE /plants/{id}`: what it reads from the request, and
-//! what each store outcome answers.
+//! The published operation, `DELETE /plants/{id}`: the parameters it reads (the bearer
+//! token, the id, the Idempotency-Key), and what each store outcome answers.
 
 use std::sync::Arc;
 
+use chrono::Utc;
 use plantstore_store::{Deleted, Deletion, StoreError};
 use poem::{Request, web::Data};
-use poem_openapi::{ApiResponse, OpenApi, Tags, param::Path};
+use poem_openapi::{ApiResponse, OpenApi, SecurityScheme, Tags, auth::Bearer, param::Path};
 
 use super::{
-    bearer::BearerAuth, error::ApiError, front_door::RequestDeadline,
-    idempotency_key::IdempotencyKey, request_id::RequestId,
+    error::ApiError,
+    front_door::{RequestDeadline, RequestId},
+    idempotency_key::IdempotencyKey,
 };
-use crate::state::AppState;
+use crate::{
+    auth::{
+        Caller, JwtRejection,
+        tokens::{self, Rejection},
+    },
+    state::AppState,
+};
 
 pub(super) struct PlantsApi;
 
@@ -63,18 +71,14 @@ impl PlantsApi {
         idempotency_key: IdempotencyKey,
         state: Data<&AppState>,
         request_id: Data<&RequestId>,
-        request: &Request,
+        deadline: Data<&RequestDeadline>,
     ) -> Result<PlantDeleted, ApiError> {
-        // Set by the `deadline` layer, which every request passes through.
-        let deadline = request
-            .data::<RequestDeadline>()
-            .ok_or(ApiError::Internal)?;
         let deletion = Deletion {
             plant_id: id.0,
             caller: Arc::clone(&auth.0.token_name),
             request_id: request_id.as_str().to_owned(),
             idempotency_key: idempotency_key.0,
-            deadline: deadline.0,
+            deadline: deadline.0.0,
         };
         match state.store.delete_plant(deletion).await {
             Ok(Deleted::Now) => {
@@ -91,4 +95,37 @@ impl PlantsApi {
             Err(err) => Err(err.into()),
         }
     }
+}
+
+/// An API token from `plantstore token create` (or the `initial` one printed at first
+/// start), or a JWT from the identity provider the settings name.
+#[derive(SecurityScheme)]
+#[oai(ty = "bearer", rename = "bearerAuth", checker = "authenticate")]
+pub(super) struct BearerAuth(pub Caller);
+
+async fn authenticate(req: &Request, bearer: Bearer) -> poem::Result<Caller> {
+    let state = req.data::<AppState>().ok_or(ApiError::Internal)?;
+    let caller = match &state.jwt {
+        // The service's own tokens start `pst_`; anything else may be a JWT.
+        Some(jwt) if !tokens::is_ours(&bearer.token) => {
+            let now = u64::try_from(Utc::now().timestamp()).unwrap_or_default();
+            jwt.verify(&bearer.token, now)
+                .await
+                .map_err(|rejection| match rejection {
+                    JwtRejection::Invalid(failure) => ApiError::Unauthorized(failure),
+                    JwtRejection::MissingScope => ApiError::Forbidden,
+                    JwtRejection::KeysUnavailable => ApiError::KeysUnavailable,
+                })?
+        }
+        _ => tokens::verify(&state.tokens, &bearer.token, Utc::now())
+            .await
+            .map_err(|rejection| match rejection {
+                Rejection::Invalid(failure) => ApiError::Unauthorized(failure),
+                Rejection::Store(err) => ApiError::from(err),
+            })?,
+    };
+    if let Some(limiter) = &state.rate_limiter {
+        limiter.check(&caller.token_name).map_err(ApiError::from)?;
+    }
+    Ok(caller)
 }

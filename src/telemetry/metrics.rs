@@ -5,7 +5,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use ::metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder, SharedString, Unit};
+use ::metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder, SharedString};
 use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
@@ -80,66 +80,54 @@ impl Metrics {
                 &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0],
             )?
             .build_recorder();
-        let described: [(&'static str, Unit, &'static str); 12] = [
+        // Units stay out: the exporter writes them only with unit suffixes on, which would
+        // rename every series.
+        let described: [(&str, &str); 12] = [
             (
                 REQUESTS,
-                Unit::Count,
                 "HTTP requests answered, by route template, method and status",
             ),
             (
                 LATENCY,
-                Unit::Seconds,
                 "Time from a request's arrival to its answer, by route template",
             ),
             (
                 DELETIONS,
-                Unit::Count,
                 "Plants deleted (204 answers to DELETE /plants/{id})",
             ),
             (
                 AUTH_FAILURES,
-                Unit::Count,
                 "401 answers, by reason: missing, malformed, unknown, wrong_secret, expired, revoked, bad_signature, not_yet_valid, wrong_claims",
             ),
             (
                 POOL,
-                Unit::Count,
                 "Database connections of this instance's pool, by state (idle, in_use)",
             ),
-            (
-                QUEUED,
-                Unit::Count,
-                "Deletes waiting for the next group commit",
-            ),
-            (BATCH_SIZES, Unit::Count, "Deletes per group commit"),
+            (QUEUED, "Deletes waiting for the next group commit"),
+            (BATCH_SIZES, "Deletes per group commit"),
             (
                 TOKEN_LOOKUPS,
-                Unit::Count,
                 "Token lookups in the in-memory token table, by result (hit, miss)",
             ),
             (
                 TOKEN_RELOADS,
-                Unit::Count,
                 "Reloads of the in-memory token table from the database",
             ),
             (
                 WEBHOOK_DELIVERIES,
-                Unit::Count,
                 "Webhook delivery attempts made by this instance, by endpoint id and result (delivered, failed, gone)",
             ),
             (
                 WEBHOOK_PENDING,
-                Unit::Count,
                 "Deletion events an endpoint has yet to receive, by endpoint id (read every 5 s)",
             ),
             (
                 WEBHOOK_LAG,
-                Unit::Seconds,
                 "Time from an event's commit to its receiver's 2xx, by endpoint id",
             ),
         ];
-        for (name, unit, help) in described {
-            recorder.describe_counter(name.into(), Some(unit), help.into());
+        for (name, help) in described {
+            recorder.describe_counter(name.into(), None, help.into());
         }
         let handle = recorder.handle();
         let deletions = recorder.register_counter(&Key::from_name(DELETIONS), &METADATA);
@@ -255,7 +243,6 @@ pub struct TokenCacheCounts {
     pub reloads: u64,
 }
 
-/// The series `name` with one label.
 fn labelled(name: &'static str, label: &'static str, value: impl Into<SharedString>) -> Key {
     Key::from_parts(name, vec![Label::new(label, value)])
 }

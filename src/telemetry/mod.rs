@@ -73,7 +73,6 @@ pub fn init(
             .map_err(|err| format!("the notice filter: {err}"))?;
         directives = directives.add_directive(quiet);
     }
-    let filter = directives;
     let (writer, logs) = NonBlockingBuilder::default()
         .lossy(false)
         .thread_name("plantstore-log")
@@ -98,7 +97,7 @@ pub fn init(
             .with_filter(ours)
     });
     tracing_subscriber::registry()
-        .with(lines.with_filter(filter))
+        .with(lines.with_filter(directives))
         .with(spans)
         .try_init()
         .map_err(|err| format!("cannot install the logger: {err}"))?;

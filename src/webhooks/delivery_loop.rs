@@ -81,7 +81,6 @@ impl Progress {
         }
     }
 
-    /// Whether the cursor moved and `SAVE_EVERY` has passed since the last save.
     fn save_due(&self) -> bool {
         self.cursor != self.saved && self.last_save.elapsed() >= SAVE_EVERY
     }
@@ -101,7 +100,6 @@ impl Progress {
     }
 }
 
-/// One attempt, as it came back.
 struct AttemptOutcome {
     sent: EventToSend,
     attempt: Attempt,
@@ -121,9 +119,7 @@ pub(super) struct DeliveryLoop {
     /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
     /// them).
     pub(super) signer: watch::Receiver<Arc<Signer>>,
-    /// This endpoint's counts in `/metrics`.
     pub(super) counts: EndpointMetrics,
-    /// The store's news of commits (`Store::commits`).
     pub(super) commits: CommitNewsReceiver,
     /// Turns true when this instance stops.
     pub(super) stopping: watch::Receiver<bool>,

@@ -34,29 +34,15 @@ const SAVE_ON_STOP: Duration = Duration::from_secs(5);
 
 /// The delivery loops of this instance.
 pub struct Deliveries {
-    store: Arc<dyn Store>,
-    config: WebhookConfig,
-    metrics: Arc<Metrics>,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) config: WebhookConfig,
+    pub(crate) metrics: Arc<Metrics>,
     /// This instance's name in the leases: its host and address, so that the same instance
     /// started again after a crash takes its leases back at once.
-    owner: Arc<str>,
+    pub(crate) owner: Arc<str>,
 }
 
 impl Deliveries {
-    pub fn new(
-        store: Arc<dyn Store>,
-        config: &WebhookConfig,
-        metrics: Arc<Metrics>,
-        owner: String,
-    ) -> Self {
-        Self {
-            store,
-            config: config.clone(),
-            metrics,
-            owner: owner.into(),
-        }
-    }
-
     /// Claims endpoints and delivers to them until `stop` resolves; then has each delivery
     /// save how far it got and gives up its leases, so another instance takes over at once
     /// and repeats nothing this one saw delivered.

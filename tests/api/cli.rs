@@ -187,7 +187,7 @@ async fn commands_on_postgres_print_no_migration_notices() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 15] = [
+    let cases: [(&str, &str, &str, &str); 16] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -245,6 +245,12 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
         (
             "PLANTSTORE_WEBHOOK_RETRY_MIN",
             "2h",
+            "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX",
+            "",
+        ),
+        (
+            "PLANTSTORE_WEBHOOK_RETRY_MIN",
+            "0s",
             "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX",
             "",
         ),

@@ -308,7 +308,7 @@ async fn the_idempotency_key_and_its_answers_are_declared() {
     assert_eq!(reused["error"], 422);
 }
 
-/// The connection limits (`src/connection_limits/head.rs`) take the bytes after a head as
+/// The connection limits (`src/connection_limits.rs`, `head`) take the bytes after a head as
 /// its body only until the server starts answering; an operation that read a body would let
 /// hyper write `100 Continue` mid-body, and the rest of the body would be scanned as the
 /// next head. An operation that gains a body fails here: the scanner must learn bodies first.

@@ -29,7 +29,7 @@ async fn refusals(db: &TestDb) -> Vec<String> {
             .await
             .err()
             .expect("start is refused");
-        lines.push(plantstore::cli::one_line(&err));
+        lines.push(plantstore::telemetry::one_line(err.as_ref()));
     }
     lines
 }
@@ -151,7 +151,7 @@ async fn with_migrate_off_a_database_without_plants_is_refused(backend: Backend)
         .err()
         .expect("start is refused");
 
-    let line = plantstore::cli::one_line(&err);
+    let line = plantstore::telemetry::one_line(err.as_ref());
     assert!(line.contains("plants.id"), "{line}");
     assert!(!line.contains('\n'));
 }
@@ -191,7 +191,7 @@ async fn postgres_sslmode_require_connects_over_tls() {
     let db = TestDb::new(Backend::Postgres).await;
     let url = format!("{}?sslmode=require", db.url);
     let app = spawn_app_on(db, |config| {
-        config.database_url = url.parse().unwrap_or_else(|never| match never {});
+        config.database_url = url.into();
     })
     .await;
     app.add_plants(&[1]).await;

@@ -287,8 +287,7 @@ fn with_database(admin: &str, name: &str) -> String {
 /// Settings as a user would have them, but on a free port and with short waits.
 pub fn test_config(database_url: &str) -> Config {
     let mut config = Config::defaults();
-    let Ok(database_url) = database_url.parse();
-    config.database_url = database_url;
+    config.database_url = database_url.to_owned().into();
     // A short wait for a connection, and few of them: many tests run at once.
     config.db_acquire_timeout = Duration::from_millis(1500);
     config.db_max_connections = 5;

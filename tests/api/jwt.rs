@@ -109,8 +109,8 @@ async fn assert_invalid_token(app: &TestApp, token: &str, case: &str) {
 
 async fn an_hs256_jwt_deletes_and_the_audit_names_its_subject(backend: Backend) {
     let app = spawn_app_on(TestDb::new(backend).await, |config| {
-        let Ok(secret) = "a-long-shared-secret-for-hs256-tests".parse();
-        config.serve.jwt.jwt_secret = Some(secret);
+        config.serve.jwt.jwt_secret =
+            Some("a-long-shared-secret-for-hs256-tests".to_owned().into());
         config.serve.jwt.jwt_issuer = Some(ISSUER.into());
         config.serve.jwt.jwt_audience = Some(AUDIENCE.into());
     })
@@ -141,8 +141,8 @@ async fn an_hs256_jwt_deletes_and_the_audit_names_its_subject(backend: Backend) 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_jwt_expiring_at_the_end_of_time_is_served_twice() {
     let app = spawn_app_on(TestDb::new(Backend::Sqlite).await, |config| {
-        let Ok(secret) = "a-long-shared-secret-for-hs256-tests".parse();
-        config.serve.jwt.jwt_secret = Some(secret);
+        config.serve.jwt.jwt_secret =
+            Some("a-long-shared-secret-for-hs256-tests".to_owned().into());
     })
     .await;
     app.add_plants(&[1, 2]).await;

@@ -14,17 +14,10 @@ use jsonwebtoken::{
 };
 use tokio::{sync::Mutex, time::Instant};
 
+use crate::auth::{AuthFailure, JwtRejection};
+
 const MIN_REFETCH: Duration = Duration::from_secs(10);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a token's key is not at hand.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum MissingKey {
-    /// The provider's keys were read and none is the token's.
-    Unknown,
-    /// The token names a key not known yet, and the keys cannot be read now.
-    Unavailable,
-}
 
 pub(super) struct Jwks {
     url: String,
@@ -51,11 +44,12 @@ impl Jwks {
         Ok(jwks)
     }
 
-    /// The key a token's `kid` names (a set of one key serves a token without `kid`).
+    /// The key a token's `kid` names (a set of one key serves a token without `kid`); an
+    /// unknown key is an invalid token, unless the keys cannot be read now to look for it.
     pub(super) async fn key(
         &self,
         kid: Option<&str>,
-    ) -> Result<(DecodingKey, Algorithm), MissingKey> {
+    ) -> Result<(DecodingKey, Algorithm), JwtRejection> {
         if let Some(found) = self.known(kid) {
             return Ok(found);
         }
@@ -64,14 +58,15 @@ impl Jwks {
             return Ok(found);
         }
         if fetched_at.is_some_and(|at| at.elapsed() < MIN_REFETCH) {
-            return Err(MissingKey::Unknown);
+            return Err(JwtRejection::Invalid(AuthFailure::Unknown));
         }
         *fetched_at = Some(Instant::now());
         if let Err(err) = self.refetch().await {
             tracing::warn!(error = %err, "cannot read the JWKS");
-            return Err(MissingKey::Unavailable);
+            return Err(JwtRejection::KeysUnavailable);
         }
-        self.known(kid).ok_or(MissingKey::Unknown)
+        self.known(kid)
+            .ok_or(JwtRejection::Invalid(AuthFailure::Unknown))
     }
 
     fn known(&self, kid: Option<&str>) -> Option<(DecodingKey, Algorithm)> {

@@ -15,10 +15,10 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    auth::{AuthFailure, Caller},
+    auth::{AuthFailure, Caller, JwtRejection},
     config::JwtConfig,
 };
-use jwks::{Jwks, MissingKey};
+use jwks::Jwks;
 
 /// Seconds of clock difference allowed on `exp` and `nbf`.
 const LEEWAY_SECS: u64 = 30;
@@ -27,17 +27,6 @@ const MAX_VERIFIED: usize = 10_000;
 /// Prefixed to a JWT's `sub` wherever a caller is named (the audit row, rate limits), so
 /// it cannot be taken for one of the service's own token names.
 pub const SUBJECT_PREFIX: &str = "jwt:";
-
-/// Why a JWT was not accepted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum JwtRejection {
-    /// 401: not a valid token.
-    Invalid(AuthFailure),
-    /// 403: valid, but without the required scope.
-    MissingScope,
-    /// 503: its key is not known and the identity provider's JWKS cannot be read now.
-    KeysUnavailable,
-}
 
 pub struct JwtVerifier {
     keys: Keys,
@@ -89,7 +78,6 @@ impl JwtVerifier {
         // An empty setting (`PLANTSTORE_JWT_SECRET=` in a compose file) is unset: an empty
         // HS256 secret would let anyone sign tokens.
         let config = config.without_empty_values();
-        let config = &config;
         // One key source at most, and a long enough secret: `JwtConfig::check` saw to both.
         let keys = match (&config.jwt_secret, &config.jwt_public_key, &config.jwks_url) {
             (Some(secret), _, _) => Keys::Fixed(
@@ -135,14 +123,7 @@ impl JwtVerifier {
             .map_err(|_| JwtRejection::Invalid(AuthFailure::Malformed))?;
         let (key, algorithm) = match &self.keys {
             Keys::Fixed(key, algorithm) => (key.clone(), *algorithm),
-            Keys::Jwks(jwks) => {
-                jwks.key(header.kid.as_deref())
-                    .await
-                    .map_err(|missing| match missing {
-                        MissingKey::Unknown => JwtRejection::Invalid(AuthFailure::Unknown),
-                        MissingKey::Unavailable => JwtRejection::KeysUnavailable,
-                    })?
-            }
+            Keys::Jwks(jwks) => jwks.key(header.kid.as_deref()).await?,
         };
         let mut validation = Validation::new(algorithm);
         validation.leeway = LEEWAY_SECS;

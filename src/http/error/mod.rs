@@ -8,24 +8,14 @@ use std::sync::Arc;
 
 use plantstore_store::StoreError;
 use poem::{
-    PathPattern, Response,
-    error::{MethodNotAllowedError, NotFoundError, ResponseError},
+    Response,
+    error::ResponseError,
     http::{HeaderName, HeaderValue, StatusCode},
 };
-use poem_openapi::{
-    Object,
-    error::{AuthorizationError, ParsePathError},
-};
+use poem_openapi::Object;
 
-use super::{
-    idempotency_key::{self, InvalidKey},
-    request_id::{self, RequestId},
-    routes::RouteFacts,
-};
-use crate::{
-    auth::{AuthFailure, rate_limit::RateLimited},
-    connection_limits::{HeadRefusal, head},
-};
+use super::idempotency_key::{self, InvalidKey};
+use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
 /// What the service answers to a client's mistake or its own failure.
 #[derive(Debug, thiserror::Error)]
@@ -100,9 +90,8 @@ pub(super) struct Answer {
 
 impl Answer {
     fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        let error = i32::from(status.as_u16());
         let body = ErrorBody {
-            error,
+            error: i32::from(status.as_u16()),
             message: message.into(),
         };
         Self {
@@ -244,47 +233,9 @@ impl ApiError {
         }
     }
 
-    /// Sorts an error from any layer (routing, path parsing, auth, handlers) by its type.
-    /// `token_sent` describes the request and `routes` the route it matched, for the
-    /// headers the answer needs.
-    pub(super) fn from_poem(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> Self {
-        let err = match err.downcast::<ApiError>() {
-            Ok(ours) => return ours,
-            Err(other) => other,
-        };
-        if err.is::<ParsePathError>() {
-            ApiError::InvalidPlantId
-        } else if err.is::<InvalidKey>() {
-            ApiError::InvalidIdempotencyKey(InvalidKey)
-        } else if err.is::<AuthorizationError>() {
-            // poem-openapi found no `Bearer <token>` in the header.
-            ApiError::Unauthorized(if token_sent {
-                AuthFailure::Malformed
-            } else {
-                AuthFailure::Missing
-            })
-        } else if err.is::<NotFoundError>() {
-            ApiError::RouteNotFound
-        } else if err.is::<MethodNotAllowedError>() {
-            ApiError::MethodNotAllowed {
-                allow: routes.allowed_methods(err.data::<PathPattern>()),
-            }
-        } else if err.status().is_server_error() {
-            tracing::error!(error = %err, "unexpected error");
-            ApiError::Internal
-        } else {
-            ApiError::Rejected(err.status())
-        }
-    }
-
     /// The body this error is answered with.
     pub(super) fn body(&self) -> ErrorBody {
         self.answer().body
-    }
-
-    /// The body as JSON bytes, as `as_response` sends it.
-    pub(super) fn json(&self) -> Vec<u8> {
-        serde_json::to_vec(&self.body()).unwrap_or_default()
     }
 }
 
@@ -311,41 +262,6 @@ impl ResponseError for ApiError {
         }
         response
     }
-}
-
-/// A request head the connection limits refused: the same answer as the error's response,
-/// as HTTP/1.1 bytes written straight to the client connection from below hyper, which is
-/// closed after it.
-pub(super) fn refused_head_answer(refusal: HeadRefusal) -> Vec<u8> {
-    let error = match refusal {
-        HeadRefusal::TooSlow => ApiError::HeaderTimeout,
-        HeadRefusal::UriTooLong => ApiError::UriTooLong {
-            max_bytes: head::MAX_HEAD_BYTES,
-        },
-        HeadRefusal::TooLarge => ApiError::HeadTooLarge {
-            max_bytes: head::MAX_HEAD_BYTES,
-            max_lines: head::MAX_HEADER_LINES,
-        },
-    };
-    let request_id = RequestId::generate();
-    tracing::warn!(%request_id, status = error.status().as_u16(), "request head refused: {error}");
-    let response = error.as_response();
-    let body = error.json();
-    let mut out = format!("HTTP/1.1 {}\r\n", response.status()).into_bytes();
-    for (name, value) in response.headers() {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    let rest = format!(
-        "{}: {request_id}\r\nconnection: close\r\ncontent-length: {}\r\n\r\n",
-        request_id::HEADER,
-        body.len()
-    );
-    out.extend_from_slice(rest.as_bytes());
-    out.extend_from_slice(&body);
-    out
 }
 
 impl From<StoreError> for ApiError {
