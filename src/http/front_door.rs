@@ -16,7 +16,7 @@ use poem::{
     Endpoint, IntoResponse, Middleware, PathPattern, Request, Response, Result,
     error::{MethodNotAllowedError, NotFoundError, ResponseError},
     http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, Version, header},
-    middleware::Cors,
+    middleware::{Cors, CorsEndpoint},
 };
 use poem_openapi::error::{AuthorizationError, ParsePathError};
 use serde_json::Value;
@@ -222,32 +222,49 @@ fn policy() -> Cors {
 /// Lets the allowed origins call the service; every other request passes untouched.
 /// Another origin is answered as if it sent none: no CORS headers, so its browser blocks
 /// the page, while same-origin requests (Swagger UI sends an Origin with its DELETE) and
-/// servers that forward an Origin are served as usual.
-pub(super) async fn cross_origin<E: Endpoint<Output = Response>>(
-    inner: Arc<E>,
-    req: Request,
-    origins: Arc<CorsOrigins>,
-) -> Result<Response> {
-    let allowed = req
-        .headers()
-        .get(header::ORIGIN)
-        .and_then(|origin| origin.to_str().ok())
-        .is_some_and(|origin| origins.allows(origin));
-    if !allowed {
-        return inner.call(req).await;
+/// servers that forward an Origin are served as usual. The policy's endpoint is built
+/// once, with the app, not per browser request.
+pub(super) struct CrossOrigin<E> {
+    origins: CorsOrigins,
+    plain: Arc<E>,
+    with_policy: CorsEndpoint<Arc<E>>,
+}
+
+impl<E: Endpoint<Output = Response>> CrossOrigin<E> {
+    pub(super) fn new(inner: E, origins: CorsOrigins) -> Self {
+        let plain = Arc::new(inner);
+        Self {
+            origins,
+            with_policy: policy().transform(Arc::clone(&plain)),
+            plain,
+        }
     }
-    let preflight = req.method() == Method::OPTIONS;
-    // A browser's request only: the policy's few sets are built for it, not kept.
-    let mut response = match policy().transform(inner).call(req).await {
-        Ok(response) => response,
-        // A preflight asking for a method or header the policy does not allow.
-        Err(refused) => ApiError::Rejected(refused.status()).as_response(),
-    };
-    // poem answers a preflight 200 with no body; 204 says so.
-    if preflight && response.status() == StatusCode::OK {
-        response.set_status(StatusCode::NO_CONTENT);
+}
+
+impl<E: Endpoint<Output = Response>> Endpoint for CrossOrigin<E> {
+    type Output = Response;
+
+    async fn call(&self, req: Request) -> Result<Response> {
+        let allowed = req
+            .headers()
+            .get(header::ORIGIN)
+            .and_then(|origin| origin.to_str().ok())
+            .is_some_and(|origin| self.origins.allows(origin));
+        if !allowed {
+            return self.plain.call(req).await;
+        }
+        let preflight = req.method() == Method::OPTIONS;
+        let mut response = match self.with_policy.call(req).await {
+            Ok(response) => response,
+            // A preflight asking for a method or header the policy does not allow.
+            Err(refused) => ApiError::Rejected(refused.status()).as_response(),
+        };
+        // poem answers a preflight 200 with no body; 204 says so.
+        if preflight && response.status() == StatusCode::OK {
+            response.set_status(StatusCode::NO_CONTENT);
+        }
+        Ok(response)
     }
-    Ok(response)
 }
 
 /// An error from any layer (routing, path parsing, auth, handlers) sorted by its type into ours.

@@ -24,7 +24,7 @@ use crate::{
     state::AppState,
 };
 use error::ApiError;
-use front_door::LayerContext;
+use front_door::{CrossOrigin, LayerContext};
 
 /// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
 /// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
@@ -88,14 +88,13 @@ fn layered<E: Endpoint + 'static>(
         request_timeout,
     });
     let door = Arc::clone(&context);
-    let cors = Arc::new(cors);
-    routes
+    let answered = routes
         .with(CatchPanic::new().with_handler(|_| {
             tracing::error!("handler panicked");
             ApiError::Internal.as_response()
         }))
-        .around(move |inner, req| front_door::answer(inner, req, Arc::clone(&context)))
-        .around(move |inner, req| front_door::cross_origin(inner, req, Arc::clone(&cors)))
+        .around(move |inner, req| front_door::answer(inner, req, Arc::clone(&context)));
+    CrossOrigin::new(answered, cors)
         .around(move |inner, req| front_door::front_door(inner, req, Arc::clone(&door)))
 }
 

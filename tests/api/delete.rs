@@ -159,8 +159,7 @@ async fn two_instances_on_one_database_answer_as_one(backend: Backend) {
             &second_address
         };
         first
-            .client
-            .delete(format!("{base}/plants/42"))
+            .delete_request_at(base, "42")
             .bearer_auth(&first.token)
             .send()
     }))

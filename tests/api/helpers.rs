@@ -59,16 +59,6 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(
     }
 }
 
-impl TestApp {
-    /// Waits until `count` deletes wait in the group commit's queue (`/metrics`), so a
-    /// held commit's followers are all queued before it is let go.
-    pub async fn wait_until_queued(&self, count: usize) {
-        let (within, series) = (Duration::from_secs(10), "plantstore_delete_queue_waiting");
-        crate::metrics::wait_for_series(self, within, series, |queued| queued >= count as f64)
-            .await;
-    }
-}
-
 /// The one fixed wait a test may make: the window in which it shows that something does
 /// not happen (no repeat arrives, nothing goes to a disabled endpoint), named as such.
 pub async fn nothing_happens_within(window: Duration) {
@@ -386,10 +376,23 @@ impl TestApp {
         self.delete(&id.to_string()).await
     }
 
+    /// Waits until `count` deletes wait in the group commit's queue (`/metrics`), so a
+    /// held commit's followers are all queued before it is let go.
+    pub async fn wait_until_queued(&self, count: usize) {
+        let (within, series) = (Duration::from_secs(10), "plantstore_delete_queue_waiting");
+        crate::metrics::wait_for_series(self, within, series, |queued| queued >= count as f64)
+            .await;
+    }
+
     /// `DELETE /plants/{raw_id}`, to send with whatever headers a test needs.
     pub fn delete_request(&self, raw_id: &str) -> reqwest::RequestBuilder {
-        self.client
-            .delete(format!("{}/plants/{raw_id}", self.address))
+        self.delete_request_at(&self.address, raw_id)
+    }
+
+    /// `DELETE /plants/{raw_id}` on the instance at `address` (another one serving the
+    /// same database), with this app's client.
+    pub fn delete_request_at(&self, address: &str, raw_id: &str) -> reqwest::RequestBuilder {
+        self.client.delete(format!("{address}/plants/{raw_id}"))
     }
 
     /// A new token named `name`, made as `plantstore token create` makes it.
@@ -506,7 +509,8 @@ impl TestDb {
             tokio::time::sleep(Duration::from_millis(300)).await;
             return;
         };
-        for _ in 0..200 {
+        let what = "the service's commits to wait on the hold";
+        eventually(Duration::from_secs(5), what, || async {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT COUNT(*) FROM pg_stat_activity
                  WHERE datname = current_database() AND application_name = 'plantstore'
@@ -515,12 +519,9 @@ impl TestDb {
             .fetch_one(pool)
             .await
             .expect("activity");
-            if waiting >= count {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("the service's commits never waited on the hold");
+            (waiting >= count).then_some(())
+        })
+        .await;
     }
 
     /// How many distinct commit times the audit rows of these plants have: 1 when they

@@ -12,21 +12,22 @@ use std::{
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
+/// The modules the bottom layers (`config`, and `connection_limits` below HTTP) must never
+/// reach: every other one.
+const EVERY_MODULE_BUT_CONFIG: &[&str] = &[
+    "auth",
+    "cli",
+    "database",
+    "http",
+    "startup",
+    "state",
+    "telemetry",
+    "webhooks",
+];
+
 /// Which top-level modules each layer must never reach.
 const FORBIDDEN: &[(&str, &[&str])] = &[
-    (
-        "config",
-        &[
-            "auth",
-            "cli",
-            "database",
-            "http",
-            "startup",
-            "state",
-            "telemetry",
-            "webhooks",
-        ],
-    ),
+    ("config", EVERY_MODULE_BUT_CONFIG),
     (
         "database",
         &[
@@ -43,19 +44,7 @@ const FORBIDDEN: &[(&str, &[&str])] = &[
         "auth",
         &["cli", "http", "startup", "state", "telemetry", "webhooks"],
     ),
-    (
-        "connection_limits",
-        &[
-            "auth",
-            "cli",
-            "database",
-            "http",
-            "startup",
-            "state",
-            "telemetry",
-            "webhooks",
-        ],
-    ),
+    ("connection_limits", EVERY_MODULE_BUT_CONFIG),
     (
         "telemetry",
         &["auth", "cli", "http", "startup", "state", "webhooks"],

@@ -29,8 +29,7 @@ async fn a_token_revoked_is_refused_by_every_instance_within_a_second(backend: B
         .expect("token created");
     let delete_on = |address: &str| {
         first
-            .client
-            .delete(format!("{address}/plants/99"))
+            .delete_request_at(address, "99")
             .bearer_auth(&token)
             .send()
     };

@@ -68,9 +68,13 @@ async fn notify(db: &Database, id: &AnnouncerId) -> Result<(), StoreError> {
 }
 
 /// Announces within a transaction, as it commits: for rare commits made where no delivery
-/// runs to be woken in-process, such as a restore from the command line.
-pub(crate) async fn announce_in(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query!("SELECT pg_notify($1, '')", CHANNEL)
+/// runs to be woken in-process, such as a restore from the command line. Signed `id` like
+/// every announcement, so a store that listens skips its own.
+pub(crate) async fn announce_in(
+    conn: &mut PgConnection,
+    id: &AnnouncerId,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!("SELECT pg_notify($1, $2)", CHANNEL, &*id.0)
         .execute(conn)
         .await?;
     Ok(())

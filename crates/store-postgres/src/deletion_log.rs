@@ -90,7 +90,9 @@ impl DeletionLog for PostgresStore {
         .execute(&mut *tx)
         .await
         .map_err(|err| db.error(err))?;
-        announce_in(&mut tx).await.map_err(|err| db.error(err))?;
+        announce_in(&mut tx, &self.announcer)
+            .await
+            .map_err(|err| db.error(err))?;
         tx.commit()
             .await
             .map_err(|err| RestoreError::from_insert(db.error(err)))?;

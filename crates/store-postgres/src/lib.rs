@@ -32,6 +32,8 @@ pub struct PostgresStore {
     writer: Arc<PgBatchWriter>,
     batcher: Batcher,
     news: CommitNews,
+    /// What this store's announcements carry, so its own listener skips them.
+    announcer: AnnouncerId,
     /// Whether other processes' commits are listened for now.
     listening: Arc<Listening>,
 }
@@ -75,7 +77,8 @@ impl PostgresStore {
             writer,
             batcher,
             news,
-            listening: Arc::new(Listening::new(announcer)),
+            listening: Arc::new(Listening::new(announcer.clone())),
+            announcer,
         })
     }
 }

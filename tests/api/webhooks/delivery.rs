@@ -27,13 +27,7 @@ async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backe
     .await;
     let app = spawn(backend).await;
     add_endpoint(&app, &receiver, &[]);
-    let plants: Vec<i64> = (1..=40).collect();
-    app.add_plants(&plants).await;
-    delete_all(&app, plants.iter().copied()).await;
-
-    let expected = logged_ids(&app).await;
-    assert_eq!(expected.len(), 40);
-    wait_until_accepted(&receiver, &expected).await;
+    delete_and_await_delivery(&app, &receiver, 40).await;
 
     let got = receiver.received();
     assert!(got.iter().all(|r| r.verified), "unverified: {got:#?}");
@@ -68,13 +62,7 @@ async fn a_receiver_that_closes_each_connection_gets_every_event_once(backend: B
     let receiver = Receiver::start(&[], Reply::Closing(204)).await;
     let app = spawn(backend).await;
     let id = add_endpoint(&app, &receiver, &[]);
-    let plants: Vec<i64> = (1..=60).collect();
-    app.add_plants(&plants).await;
-    delete_all(&app, plants.iter().copied()).await;
-
-    let expected = logged_ids(&app).await;
-    assert_eq!(expected.len(), 60);
-    wait_until_accepted(&receiver, &expected).await;
+    delete_and_await_delivery(&app, &receiver, 60).await;
     let endpoint = wait_until_nothing_pending(&app).await;
     assert_eq!(endpoint["state"], "active", "{endpoint}");
     let got = receiver.received();

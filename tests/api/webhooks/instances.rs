@@ -32,8 +32,7 @@ async fn two_instances_deliver_each_event_once(backend: Backend) {
             &other_address
         };
         first
-            .client
-            .delete(format!("{address}/plants/{id}"))
+            .delete_request_at(address, &id.to_string())
             .bearer_auth(&first.token)
             .send()
     }))
@@ -78,8 +77,7 @@ async fn a_graceful_stop_leaves_the_next_instance_nothing_to_repeat(backend: Bac
 
     let next_address = serve_another(&config).await;
     let answer = first
-        .client
-        .delete(format!("{next_address}/plants/41"))
+        .delete_request_at(&next_address, "41")
         .bearer_auth(&first.token)
         .send()
         .await

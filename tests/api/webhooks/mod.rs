@@ -106,6 +106,17 @@ async fn logged_ids(app: &TestApp) -> HashSet<String> {
         .collect()
 }
 
+/// Adds plants 1..=`count`, deletes each with a 204, and waits until the receiver has
+/// accepted the event of every entry that logged.
+async fn delete_and_await_delivery(app: &TestApp, receiver: &Receiver, count: i64) {
+    let plants: Vec<i64> = (1..=count).collect();
+    app.add_plants(&plants).await;
+    delete_all(app, plants.iter().copied()).await;
+    let expected = logged_ids(app).await;
+    assert_eq!(expected.len(), plants.len());
+    wait_until_accepted(receiver, &expected).await;
+}
+
 /// Waits until the receiver has accepted each of `expected`.
 async fn wait_until_accepted(receiver: &Receiver, expected: &HashSet<String>) {
     receiver
