@@ -4,6 +4,7 @@
 mod deletions;
 mod output;
 mod serve;
+mod streams;
 mod tokens;
 mod webhooks;
 
@@ -17,6 +18,7 @@ use crate::{
 };
 use deletions::DeletionsCommand;
 use output::out;
+use streams::StreamsCommand;
 use tokens::TokenCommand;
 use webhooks::WebhooksCommand;
 
@@ -55,6 +57,9 @@ pub enum Command {
     /// Register, list and manage the endpoints deletion events are POSTed to
     #[command(subcommand)]
     Webhooks(WebhooksCommand),
+    /// Register, list and manage the NATS JetStream streams deletion events are published to
+    #[command(subcommand)]
+    Streams(StreamsCommand),
     /// Insert demo plants 1..=COUNT that are missing
     Seed {
         /// How many demo plants: ids 1 to COUNT
@@ -159,6 +164,7 @@ impl Cli {
             Command::Token(command) => tokens::run(store.as_ref(), command).await,
             Command::Deletions(command) => deletions::run(store.as_ref(), command).await,
             Command::Webhooks(command) => webhooks::run(store.as_ref(), command).await,
+            Command::Streams(command) => streams::run(store.as_ref(), command).await,
             Command::Seed { count } => store
                 .seed_plants(count)
                 .await

@@ -63,6 +63,7 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
         WebhooksCommand::Add { url, events, http2 } => {
             let endpoint = NewEndpoint {
                 url: endpoint_url(&url)?,
+                stream: None,
                 events: event_kinds(&events)?,
                 secret: new_secret(),
                 http2,
@@ -80,7 +81,12 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             out!("{}", endpoint.secret);
         }
         WebhooksCommand::List { json } => {
-            let endpoints = store.list_endpoints().await?;
+            let endpoints: Vec<EndpointRecord> = store
+                .list_endpoints()
+                .await?
+                .into_iter()
+                .filter(|endpoint| endpoint.stream.is_none())
+                .collect();
             if json {
                 out!("{}", as_json(&endpoints));
             } else {
@@ -88,26 +94,32 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             }
         }
         WebhooksCommand::Remove { id } => {
+            find_destination(store, id, false).await?;
             endpoint_found(id, store.remove_endpoint(id).await)?;
             out!("removed webhook endpoint {id}");
         }
         WebhooksCommand::Enable { id } => {
+            find_destination(store, id, false).await?;
             endpoint_found(id, store.enable_endpoint(id).await)?;
             out!("enabled webhook endpoint {id}");
         }
-        WebhooksCommand::Replay { id, from } => match store.replay_endpoint(id, from).await? {
-            ReplayOutcome::Done => {
-                out!("webhook endpoint {id} gets the events from deletion {from} on again");
+        WebhooksCommand::Replay { id, from } => {
+            find_destination(store, id, false).await?;
+            match store.replay_endpoint(id, from).await? {
+                ReplayOutcome::Done => {
+                    out!("webhook endpoint {id} gets the events from deletion {from} on again");
+                }
+                ReplayOutcome::NoEndpoint => bail!("no webhook endpoint has id {id}"),
+                ReplayOutcome::NoEntry => bail!(
+                    "no deletion log entry has id {from} (or, on PostgreSQL, it was logged before deletion events existed)"
+                ),
             }
-            ReplayOutcome::NoEndpoint => bail!("no webhook endpoint has id {id}"),
-            ReplayOutcome::NoEntry => bail!(
-                "no deletion log entry has id {from} (or, on PostgreSQL, it was logged before deletion events existed)"
-            ),
-        },
+        }
         WebhooksCommand::RotateSecret { id, overlap } => {
             if storable_after(Utc::now(), overlap).is_none() {
                 bail!("the overlap is too long: it would end after the year 9999");
             }
+            find_destination(store, id, false).await?;
             let secret = new_secret();
             let until = endpoint_found(id, store.rotate_secret(id, &secret, overlap).await)?;
             if overlap.is_zero() {
@@ -132,6 +144,25 @@ fn endpoint_found<T>(id: i64, done: Result<T, StoreError>) -> anyhow::Result<T> 
     }
 }
 
+/// The destination with `id`, when it is a stream destination (`stream`) or a webhook
+/// endpoint (not `stream`), as the command group asking manages.
+pub(super) async fn find_destination(
+    store: &dyn Store,
+    id: i64,
+    stream: bool,
+) -> anyhow::Result<EndpointRecord> {
+    let found = store
+        .list_endpoints()
+        .await?
+        .into_iter()
+        .find(|destination| destination.id == id && destination.stream.is_some() == stream);
+    match found {
+        Some(destination) => Ok(destination),
+        None if stream => bail!("no stream destination has id {id}"),
+        None => bail!("no webhook endpoint has id {id}"),
+    }
+}
+
 /// The URL as given, once it is an absolute http(s) URL with a host.
 fn endpoint_url(text: &str) -> anyhow::Result<String> {
     let url = reqwest::Url::parse(text.trim())
@@ -146,7 +177,7 @@ fn endpoint_url(text: &str) -> anyhow::Result<String> {
 }
 
 /// The event types a comma list names.
-fn event_kinds(text: &str) -> anyhow::Result<EventKinds> {
+pub(super) fn event_kinds(text: &str) -> anyhow::Result<EventKinds> {
     let chosen = text
         .split(',')
         .map(str::trim)
@@ -163,7 +194,7 @@ fn event_kinds(text: &str) -> anyhow::Result<EventKinds> {
     Ok(chosen)
 }
 
-fn names(kinds: &EventKinds) -> Vec<&'static str> {
+pub(super) fn names(kinds: &EventKinds) -> Vec<&'static str> {
     kinds.iter().map(|kind| kind.name()).collect()
 }
 

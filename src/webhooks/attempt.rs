@@ -26,6 +26,8 @@ const IDLE: Duration = Duration::from_secs(2);
 pub(super) enum Attempt {
     /// A 2xx within the timeout.
     Delivered,
+    /// In the stream, at this stream sequence.
+    Stored(i64),
     /// 410: the receiver wants no more events.
     Gone,
     /// Anything else: to be tried again, not sooner than `retry_after` if the receiver said.

@@ -1,4 +1,4 @@
-//! Delivery to one endpoint while this instance holds its lease: the log read when the
+//! Delivery to one destination while this instance holds its lease: the log read when the
 //! store says commits happened (or at the poll), each plant's next event sent once the
 //! one before it is delivered, each outcome settled, and the cursor saved.
 
@@ -7,7 +7,7 @@ use std::{sync::Arc, time::Duration};
 use chrono::{DateTime, Utc};
 use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use plantstore_store::{
-    CommitNewsReceiver, DeliveryReport, EndpointState, Lease, Store, StreamPosition,
+    CommitNewsReceiver, DeliveryReport, EndpointState, Lease, Store, StoredMessage, StreamPosition,
 };
 use tokio::{
     sync::watch,
@@ -19,6 +19,7 @@ use super::{
     backoff::retry_wait,
     pending::{EventToSend, PendingEvents, WINDOW},
     signature::Signer,
+    stream::{StreamPublisher, StreamSubjects},
 };
 use crate::{config::WebhookConfig, telemetry::EndpointMetrics};
 
@@ -81,12 +82,14 @@ impl Progress {
         }
     }
 
-    fn save_due(&self) -> bool {
-        self.cursor != self.saved && self.last_save.elapsed() >= SAVE_EVERY
+    fn save_due(&self, subjects: &StreamSubjects) -> bool {
+        (self.cursor != self.saved || subjects.has_unsaved())
+            && self.last_save.elapsed() >= SAVE_EVERY
     }
 
-    fn report(&self) -> DeliveryReport {
+    fn report(&self, stored: Vec<StoredMessage>) -> DeliveryReport {
         DeliveryReport {
+            stored,
             cursor: self.cursor,
             delivered_through: self.delivered_through,
             state: if self.failing.is_some() {
@@ -96,6 +99,24 @@ impl Progress {
             },
             last_error: self.failing.as_ref().map(|(error, _)| error.clone()),
             next_attempt_at: self.failing.as_ref().map(|(_, at)| *at),
+        }
+    }
+}
+
+/// Where an endpoint's events go, made once per lease.
+enum Destination {
+    Webhook(EndpointClient),
+    Stream(Box<StreamPublisher>),
+}
+
+impl Destination {
+    fn new(lease: &Lease, config: &WebhookConfig) -> Result<Self, String> {
+        match &lease.stream {
+            None => EndpointClient::new(&lease.url, lease.http2, config).map(Destination::Webhook),
+            Some(target) => {
+                StreamPublisher::new(&lease.url, target.clone(), config.webhook_timeout)
+                    .map(|publisher| Destination::Stream(Box::new(publisher)))
+            }
         }
     }
 }
@@ -141,11 +162,8 @@ impl DeliveryLoop {
     }
 
     async fn deliver(mut self) -> DeliveryEnd {
-        let client = Arc::new(EndpointClient::new(
-            &self.lease.url,
-            self.lease.http2,
-            &self.config,
-        ));
+        let client = Arc::new(Destination::new(&self.lease, &self.config));
+        let mut subjects = StreamSubjects::default();
         let mut pending = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
         let mut in_flight = InFlight::new();
@@ -159,25 +177,27 @@ impl DeliveryLoop {
             if log_may_hold_more && pending.room() >= WINDOW / 4 {
                 // Seen before reading: a commit after this is news again.
                 self.commits.mark_seen();
-                log_may_hold_more = self.read(&mut pending).await;
+                log_may_hold_more = self.read(&mut pending, &mut subjects).await;
                 last_read = Instant::now();
             }
             while in_flight.len() < IN_FLIGHT
                 && let Some(to_send) = pending.next_to_send()
             {
+                let last = subjects.last(to_send.event.entry.plant_id);
                 in_flight.push(
                     attempt(
                         Arc::clone(&client),
                         self.signer.clone(),
                         to_send,
+                        last,
                         self.stopping.clone(),
                     )
                     .boxed(),
                 );
             }
             progress.advance(&mut pending);
-            if progress.save_due()
-                && let Some(end) = self.save(&mut progress).await
+            if progress.save_due(&subjects)
+                && let Some(end) = self.save(&mut progress, &mut subjects).await
             {
                 return end;
             }
@@ -193,14 +213,18 @@ impl DeliveryLoop {
                     continue;
                 }
                 () = stop_requested(&mut self.stopping) => {
-                    return self.finish(&mut in_flight, &mut pending, &mut progress).await;
+                    return self
+                        .finish(&mut in_flight, &mut pending, &mut progress, &mut subjects)
+                        .await;
                 }
             };
             // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
                 if let Some(outcome) = outcome
-                    && let Some(end) = self.settle(outcome, &mut pending, &mut progress).await
+                    && let Some(end) = self
+                        .settle(outcome, &mut pending, &mut progress, &mut subjects)
+                        .await
                 {
                     return end;
                 }
@@ -218,48 +242,77 @@ impl DeliveryLoop {
         in_flight: &mut InFlight,
         pending: &mut PendingEvents,
         progress: &mut Progress,
+        subjects: &mut StreamSubjects,
     ) -> DeliveryEnd {
         let until = Instant::now() + ANSWERS_ON_STOP;
         while let Ok(Some(outcome)) = tokio::time::timeout_at(until, in_flight.next()).await {
             if let Some(outcome) = outcome
-                && let Some(end) = self.settle(outcome, pending, progress).await
+                && let Some(end) = self.settle(outcome, pending, progress, subjects).await
             {
                 return end;
             }
         }
         progress.advance(pending);
-        if progress.cursor == progress.saved {
+        if progress.cursor == progress.saved && !subjects.has_unsaved() {
             return DeliveryEnd::Halted;
         }
-        self.save(progress).await.unwrap_or(DeliveryEnd::Halted)
+        self.save(progress, subjects)
+            .await
+            .unwrap_or(DeliveryEnd::Halted)
     }
 
-    /// Reads what fits after what was read; whether the log may hold more.
-    async fn read(&self, pending: &mut PendingEvents) -> bool {
+    /// Reads what fits after what was read; whether the log may hold more. For a stream
+    /// destination, the read plants' last messages are looked up first: an event whose
+    /// message is in the stream already is done with.
+    async fn read(&self, pending: &mut PendingEvents, subjects: &mut StreamSubjects) -> bool {
         let room = pending.room();
-        match self.store.read_events(pending.read_to(), room as i64).await {
-            Ok(events) => {
-                let full = events.len() >= room;
-                pending.add(events, |event| self.lease.events.contains(&event.kind));
-                full
-            }
+        let events = match self.store.read_events(pending.read_to(), room as i64).await {
+            Ok(events) => events,
             Err(err) => {
-                tracing::warn!(error = %err, "cannot read the deletion log for webhooks");
-                false
+                tracing::warn!(error = %err, "cannot read the deletion log for deletion events");
+                return false;
+            }
+        };
+        let unknown = match self.lease.stream {
+            Some(_) => subjects.unknown(&events),
+            None => Vec::new(),
+        };
+        if !unknown.is_empty() {
+            match self
+                .store
+                .stored_messages(self.lease.endpoint_id, &unknown)
+                .await
+            {
+                Ok(stored) => subjects.learn(stored),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read the stream destination's last messages");
+                    return false;
+                }
             }
         }
+        let full = events.len() >= room;
+        pending.add(events, |event| {
+            self.lease.events.contains(&event.kind) && !subjects.holds(event)
+        });
+        full
     }
 
     /// Saves the progress; `Some` when delivery must stop, the lease being lost.
-    async fn save(&self, progress: &mut Progress) -> Option<DeliveryEnd> {
+    async fn save(
+        &self,
+        progress: &mut Progress,
+        subjects: &mut StreamSubjects,
+    ) -> Option<DeliveryEnd> {
+        let report = progress.report(subjects.unsaved());
         match self
             .store
-            .report_delivery(&self.lease, &self.owner, &progress.report())
+            .report_delivery(&self.lease, &self.owner, &report)
             .await
         {
             Ok(true) => {
-                progress.saved = progress.cursor;
+                progress.saved = report.cursor;
                 progress.last_save = Instant::now();
+                subjects.saved(&report.stored);
                 None
             }
             Ok(false) => Some(DeliveryEnd::LeaseLost),
@@ -278,11 +331,15 @@ impl DeliveryLoop {
         outcome: AttemptOutcome,
         pending: &mut PendingEvents,
         progress: &mut Progress,
+        subjects: &mut StreamSubjects,
     ) -> Option<DeliveryEnd> {
         let AttemptOutcome { sent, attempt, lag } = outcome;
         let event = sent.event;
+        if let Attempt::Stored(stream_seq) = attempt {
+            subjects.stored(&event, stream_seq);
+        }
         match attempt {
-            Attempt::Delivered => {
+            Attempt::Delivered | Attempt::Stored(_) => {
                 self.counts.delivered(lag);
                 pending.delivered(&event);
                 progress.failing = None;
@@ -295,7 +352,7 @@ impl DeliveryLoop {
                     state: EndpointState::Disabled,
                     last_error: Some("the receiver answered 410 Gone".into()),
                     next_attempt_at: None,
-                    ..progress.report()
+                    ..progress.report(subjects.unsaved())
                 };
                 if let Err(err) = self
                     .store
@@ -314,7 +371,7 @@ impl DeliveryLoop {
                 let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
                 progress.failing = Some((error, next));
                 pending.retry(event, failures, wait);
-                self.save(progress).await
+                self.save(progress, subjects).await
             }
         }
     }
@@ -324,9 +381,10 @@ impl DeliveryLoop {
 /// stop is left for the next start. Signed with the endpoint's secrets as they are when it
 /// is sent, so a retry after a rotation carries the new one.
 async fn attempt(
-    client: Arc<Result<EndpointClient, String>>,
+    destination: Arc<Result<Destination, String>>,
     signer: watch::Receiver<Arc<Signer>>,
     to_send: EventToSend,
+    last: Option<StoredMessage>,
     stopping: watch::Receiver<bool>,
 ) -> Option<AttemptOutcome> {
     if !to_send.wait.is_zero() {
@@ -335,9 +393,12 @@ async fn attempt(
             return None;
         }
     }
-    let signer = Arc::clone(&signer.borrow());
-    let attempt = match client.as_ref() {
-        Ok(client) => client.post(&signer, &to_send.event).await,
+    let attempt = match destination.as_ref() {
+        Ok(Destination::Webhook(client)) => {
+            let signer = Arc::clone(&signer.borrow());
+            client.post(&signer, &to_send.event).await
+        }
+        Ok(Destination::Stream(publisher)) => publisher.publish(&to_send.event, last).await,
         Err(error) => Attempt::failed(error.clone()),
     };
     let lag = (Utc::now() - to_send.event.happened_at())

@@ -1,13 +1,17 @@
-//! Deletion events delivered to webhook endpoints: which endpoints this instance delivers
-//! to (a lease each, renewed while it runs), started and stopped as leases come and go.
+//! Deletion events delivered to their destinations, webhook endpoints and JetStream
+//! streams: which ones this instance delivers to (a lease each, renewed while it runs),
+//! started and stopped as leases come and go.
 
 mod attempt;
 mod backoff;
 mod delivery_loop;
 mod pending;
 pub mod signature;
+mod stream;
 
 pub(crate) use attempt::EntryJson;
+pub use stream::EVENT_TYPE_HEADER;
+pub(crate) use stream::check_target;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -173,6 +177,7 @@ impl Running {
     fn started_as(&self, lease: &Lease) -> bool {
         let started = &self.started;
         started.url == lease.url
+            && started.stream == lease.stream
             && started.events == lease.events
             && started.http2 == lease.http2
             && started.generation == lease.generation

@@ -27,5 +27,6 @@ mod reference;
 mod routing;
 mod scale_out;
 mod security;
+mod streams;
 mod under_load;
 mod webhooks;

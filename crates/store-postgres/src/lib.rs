@@ -111,12 +111,16 @@ impl Store for PostgresStore {
                              AND i.indpred IS NULL) AS "plants_id_is_unique!",
                    (to_regclass('plantstore_tokens') IS NOT NULL
                     AND to_regclass('plantstore_webhook_endpoints') IS NOT NULL
+                    AND to_regclass('plantstore_stream_subjects') IS NOT NULL
                     AND EXISTS (SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass('plantstore_deletions')
                                   AND attname = 'snapshot' AND NOT attisdropped)
                     AND EXISTS (SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass('plantstore_webhook_endpoints')
-                                  AND attname = 'previous_secret' AND NOT attisdropped)) AS "has_own_tables!""#
+                                  AND attname = 'previous_secret' AND NOT attisdropped)
+                    AND EXISTS (SELECT 1 FROM pg_attribute
+                                WHERE attrelid = to_regclass('plantstore_webhook_endpoints')
+                                  AND attname = 'subject_prefix' AND NOT attisdropped)) AS "has_own_tables!""#
         )
         .fetch_one(&mut *self.db.conn().await?)
         .await

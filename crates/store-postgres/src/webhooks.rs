@@ -1,4 +1,4 @@
-//! Deletion events on PostgreSQL: endpoints, their leases, and the event stream read in
+//! Deletion events on PostgreSQL: destinations, their leases, and the event stream read in
 //! commit order, `(xid, kind, id)`, up to the oldest transaction of the service's own
 //! sessions still running.
 
@@ -8,8 +8,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
-    StoreError, StreamPosition, Webhooks,
-    backend::{EndpointRow, EventRow, LeaseRow, event_list, not_found_if_none},
+    StoreError, StoredMessage, StreamPosition, Webhooks,
+    backend::{
+        EndpointRow, EventRow, LeaseRow, StoredMessageRow, destination_kind, event_list,
+        not_found_if_none,
+    },
 };
 
 use crate::{PostgresStore, database::APPLICATION_NAME};
@@ -20,16 +23,21 @@ impl Webhooks for PostgresStore {
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
         // The cursor starts before every transaction still running: whatever commits from now
         // on is after it (a few events committed just before may come too).
+        let stream = endpoint.stream.as_ref();
         sqlx::query_scalar!(
             "INSERT INTO plantstore_webhook_endpoints
-             (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id)
-         VALUES ($1, $2, $3, $4,
+             (url, events, secret, http2, kind, stream, subject_prefix,
+              cursor_pos, cursor_kind, cursor_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $7,
                  pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT - 1, 2, 0)
          RETURNING id",
             endpoint.url,
             event_list(&endpoint.events),
             endpoint.secret,
-            endpoint.http2
+            endpoint.http2,
+            destination_kind(stream),
+            stream.map(|target| target.stream.as_str()),
+            stream.map(|target| target.subject_prefix.as_str()),
         )
         .fetch_one(&mut *self.db.conn().await?)
         .await
@@ -40,7 +48,7 @@ impl Webhooks for PostgresStore {
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
         let rows = sqlx::query_as!(
             EndpointRow,
-            r#"SELECT e.id, e.url, e.events, e.http2, e.previous_secret_until, e.state,
+            r#"SELECT e.id, e.url, e.kind, e.stream, e.subject_prefix, e.events, e.http2, e.previous_secret_until, e.state,
                   e.delivered_through, e.last_error,
                   e.next_attempt_at, e.created_at,
                   (SELECT count(*) FROM plantstore_deletions d
@@ -109,6 +117,9 @@ impl Webhooks for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
         let mut conn = self.db.conn().await?;
+        let mut conn = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(|err| self.db.error(err))?;
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints e
          SET cursor_pos = d.xid::TEXT::BIGINT, cursor_kind = 0, cursor_id = d.id - 1,
@@ -122,6 +133,14 @@ impl Webhooks for PostgresStore {
         .await
         .map_err(|err| self.db.error(err))?;
         if moved.rows_affected() > 0 {
+            sqlx::query!(
+                "DELETE FROM plantstore_stream_subjects WHERE endpoint_id = $1",
+                id
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(|err| self.db.error(err))?;
+            conn.commit().await.map_err(|err| self.db.error(err))?;
             self.news.bump();
             return Ok(ReplayOutcome::Done);
         }
@@ -152,7 +171,7 @@ impl Webhooks for PostgresStore {
          SET lease_owner = $1, lease_until = now() + make_interval(secs => $2)
          WHERE state <> 'disabled'
            AND (lease_owner IS NULL OR lease_owner = $1 OR lease_until < now())
-         RETURNING id, url, events, secret,
+         RETURNING id, url, kind, stream, subject_prefix, events, secret,
                    CASE WHEN previous_secret_until > now() THEN previous_secret END
                        AS \"previous_secret?\",
                    http2, generation, cursor_pos, cursor_kind, cursor_id",
@@ -231,6 +250,25 @@ impl Webhooks for PostgresStore {
         rows.into_iter().map(Event::try_from).collect()
     }
 
+    #[tracing::instrument(level = "debug", skip(self, plants))]
+    async fn stored_messages(
+        &self,
+        endpoint_id: i64,
+        plants: &[i64],
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let rows = sqlx::query_as!(
+            StoredMessageRow,
+            "SELECT plant_id, stream_seq, pos, kind, seq FROM plantstore_stream_subjects
+             WHERE endpoint_id = $1 AND plant_id = ANY($2)",
+            endpoint_id,
+            plants
+        )
+        .fetch_all(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(rows.into_iter().map(StoredMessage::from).collect())
+    }
+
     #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]
     async fn report_delivery(
         &self,
@@ -238,6 +276,10 @@ impl Webhooks for PostgresStore {
         owner: &str,
         report: &DeliveryReport,
     ) -> Result<bool, StoreError> {
+        let mut conn = self.db.conn().await?;
+        let mut conn = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(|err| self.db.error(err))?;
         let done = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = $4, cursor_kind = $5, cursor_id = $6,
@@ -255,10 +297,37 @@ impl Webhooks for PostgresStore {
             report.last_error,
             report.next_attempt_at,
         )
-        .execute(&mut *self.db.conn().await?)
+        .execute(&mut *conn)
         .await
         .map_err(|err| self.db.error(err))?;
-        Ok(done.rows_affected() > 0)
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        if !report.stored.is_empty() {
+            let column = |value: fn(&StoredMessage) -> i64| -> Vec<i64> {
+                report.stored.iter().map(value).collect()
+            };
+            sqlx::query!(
+                "INSERT INTO plantstore_stream_subjects
+                     (endpoint_id, plant_id, stream_seq, pos, kind, seq)
+                 SELECT $1, * FROM UNNEST($2::BIGINT[], $3::BIGINT[], $4::BIGINT[],
+                                          $5::BIGINT[], $6::BIGINT[])
+                 ON CONFLICT (endpoint_id, plant_id) DO UPDATE
+                 SET stream_seq = excluded.stream_seq, pos = excluded.pos,
+                     kind = excluded.kind, seq = excluded.seq",
+                lease.endpoint_id,
+                &column(|message| message.plant_id),
+                &column(|message| message.stream_seq),
+                &column(|message| message.position.pos),
+                &column(|message| message.position.kind),
+                &column(|message| message.position.seq),
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(|err| self.db.error(err))?;
+        }
+        conn.commit().await.map_err(|err| self.db.error(err))?;
+        Ok(true)
     }
 
     #[tracing::instrument(skip(self))]

@@ -132,11 +132,12 @@ impl Store for SqliteStore {
                              AND (SELECT name FROM pragma_index_info(il.name)) = 'id') AS "plants_id_is_unique!: bool",
                 (SELECT COUNT(*) FROM sqlite_master
                   WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions',
-                                                 'plantstore_webhook_endpoints'))
+                                                 'plantstore_webhook_endpoints',
+                                                 'plantstore_stream_subjects'))
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
                     WHERE name = 'snapshot')
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_webhook_endpoints')
-                    WHERE name = 'previous_secret') = 5 AS "has_own_tables!: bool""#
+                    WHERE name IN ('previous_secret', 'subject_prefix')) = 7 AS "has_own_tables!: bool""#
         )
         .fetch_one(&self.readers)
         .await

@@ -1,4 +1,4 @@
-//! Deletion events on SQLite: endpoints, their leases, and the event stream. One writer
+//! Deletion events on SQLite: destinations, their leases, and the event stream. One writer
 //! commits at a time and ids are given inside its write, so a delete's place in the stream
 //! is its id and a restore's the highest id when it committed, then its restored_seq.
 
@@ -8,8 +8,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
-    StoreError, StreamPosition, Webhooks,
-    backend::{EndpointRow, EventRow, LeaseRow, event_list, not_found_if_none},
+    StoreError, StoredMessage, StreamPosition, Webhooks,
+    backend::{
+        EndpointRow, EventRow, LeaseRow, StoredMessageRow, destination_kind, event_list,
+        not_found_if_none,
+    },
     time::{LAST_STORABLE_TIME, storable_after},
 };
 
@@ -19,15 +22,24 @@ use crate::{SqliteStore, errors::classify};
 impl Webhooks for SqliteStore {
     #[tracing::instrument(skip_all)]
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
+        let stream = endpoint.stream.as_ref();
+        let kind = destination_kind(stream);
+        let stream_name = stream.map(|target| &target.stream);
+        let subject_prefix = stream.map(|target| &target.subject_prefix);
         sqlx::query_scalar!(
             r#"INSERT INTO plantstore_webhook_endpoints
-               (url, events, secret, http2, cursor_pos, cursor_kind, cursor_id, created_at)
-           VALUES (?, ?, ?, ?, (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
+               (url, events, secret, http2, kind, stream, subject_prefix,
+                cursor_pos, cursor_kind, cursor_id, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?,
+                   (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
            RETURNING id AS "id!: i64""#,
             endpoint.url,
             event_list(&endpoint.events),
             endpoint.secret,
             endpoint.http2,
+            kind,
+            stream_name,
+            subject_prefix,
             Utc::now()
         )
         .fetch_one(self.write_connection.lock().await?.conn()?)
@@ -39,7 +51,7 @@ impl Webhooks for SqliteStore {
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError> {
         let rows = sqlx::query_as!(
             EndpointRow,
-            r#"SELECT e.id AS "id!: i64", e.url, e.events, e.http2 AS "http2!: bool",
+            r#"SELECT e.id AS "id!: i64", e.url, e.kind, e.stream, e.subject_prefix, e.events, e.http2 AS "http2!: bool",
                   e.previous_secret_until AS "previous_secret_until?: DateTime<Utc>", e.state,
                   e.delivered_through AS "delivered_through?: i64", e.last_error,
                   e.next_attempt_at AS "next_attempt_at?: DateTime<Utc>",
@@ -110,7 +122,9 @@ impl Webhooks for SqliteStore {
     #[tracing::instrument(skip(self))]
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError> {
         let mut writer = self.write_connection.lock().await?;
-        let conn = writer.conn()?;
+        let mut conn = sqlx::Connection::begin(writer.conn()?)
+            .await
+            .map_err(classify)?;
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, generation = generation + 1
@@ -122,6 +136,14 @@ impl Webhooks for SqliteStore {
         .await
         .map_err(classify)?;
         if moved.rows_affected() > 0 {
+            sqlx::query!(
+                "DELETE FROM plantstore_stream_subjects WHERE endpoint_id = ?",
+                id
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(classify)?;
+            conn.commit().await.map_err(classify)?;
             self.news.bump();
             return Ok(ReplayOutcome::Done);
         }
@@ -152,7 +174,7 @@ impl Webhooks for SqliteStore {
             r#"UPDATE plantstore_webhook_endpoints SET lease_owner = ?1, lease_until = ?2
            WHERE state <> 'disabled'
              AND (lease_owner IS NULL OR lease_owner = ?1 OR lease_until < ?3)
-           RETURNING id AS "id!: i64", url, events, secret,
+           RETURNING id AS "id!: i64", url, kind, stream, subject_prefix, events, secret,
                      CASE WHEN previous_secret_until > ?3 THEN previous_secret END
                          AS "previous_secret?: String",
                      http2 AS "http2!: bool", generation AS "generation!: i64",
@@ -220,6 +242,28 @@ impl Webhooks for SqliteStore {
         rows.into_iter().map(Event::try_from).collect()
     }
 
+    #[tracing::instrument(level = "debug", skip(self, plants))]
+    async fn stored_messages(
+        &self,
+        endpoint_id: i64,
+        plants: &[i64],
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        let plants = json_array(plants.iter().map(i64::to_string));
+        let rows = sqlx::query_as!(
+            StoredMessageRow,
+            r#"SELECT plant_id AS "plant_id!: i64", stream_seq AS "stream_seq!: i64",
+                      pos AS "pos!: i64", kind AS "kind!: i64", seq AS "seq!: i64"
+               FROM plantstore_stream_subjects
+               WHERE endpoint_id = ? AND plant_id IN (SELECT value FROM json_each(?))"#,
+            endpoint_id,
+            plants
+        )
+        .fetch_all(&self.readers)
+        .await
+        .map_err(classify)?;
+        Ok(rows.into_iter().map(StoredMessage::from).collect())
+    }
+
     #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]
     async fn report_delivery(
         &self,
@@ -227,6 +271,10 @@ impl Webhooks for SqliteStore {
         owner: &str,
         report: &DeliveryReport,
     ) -> Result<bool, StoreError> {
+        let mut writer = self.write_connection.lock().await?;
+        let mut conn = sqlx::Connection::begin(writer.conn()?)
+            .await
+            .map_err(classify)?;
         let done = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
          SET cursor_pos = ?4, cursor_kind = ?5, cursor_id = ?6,
@@ -244,10 +292,37 @@ impl Webhooks for SqliteStore {
             report.last_error,
             report.next_attempt_at,
         )
-        .execute(self.write_connection.lock().await?.conn()?)
+        .execute(&mut *conn)
         .await
         .map_err(classify)?;
-        Ok(done.rows_affected() > 0)
+        if done.rows_affected() == 0 {
+            return Ok(false);
+        }
+        if !report.stored.is_empty() {
+            let stored = json_array(report.stored.iter().map(|message| {
+                let at = message.position;
+                format!(
+                    "[{},{},{},{},{}]",
+                    message.plant_id, message.stream_seq, at.pos, at.kind, at.seq
+                )
+            }));
+            sqlx::query!(
+                "INSERT INTO plantstore_stream_subjects
+                     (endpoint_id, plant_id, stream_seq, pos, kind, seq)
+                 SELECT ?1, value ->> 0, value ->> 1, value ->> 2, value ->> 3, value ->> 4
+                 FROM json_each(?2) WHERE true
+                 ON CONFLICT (endpoint_id, plant_id) DO UPDATE
+                 SET stream_seq = excluded.stream_seq, pos = excluded.pos,
+                     kind = excluded.kind, seq = excluded.seq",
+                lease.endpoint_id,
+                stored
+            )
+            .execute(&mut *conn)
+            .await
+            .map_err(classify)?;
+        }
+        conn.commit().await.map_err(classify)?;
+        Ok(true)
     }
 
     #[tracing::instrument(skip(self))]
@@ -262,4 +337,10 @@ impl Webhooks for SqliteStore {
         .map_err(classify)?;
         Ok(())
     }
+}
+
+/// A JSON array of already-JSON items, for `json_each`: only integers go in, so nothing
+/// needs escaping.
+fn json_array(items: impl Iterator<Item = String>) -> String {
+    format!("[{}]", items.collect::<Vec<_>>().join(","))
 }

@@ -18,7 +18,7 @@ pub use error::StoreError;
 pub use log::{DeletionFilter, DeletionRecord, RestoreError};
 pub use webhooks::{
     DeliveryReport, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
-    NewEndpoint, ReplayOutcome, Signing, StreamPosition, Webhooks,
+    NewEndpoint, ReplayOutcome, Signing, StoredMessage, StreamPosition, StreamTarget, Webhooks,
 };
 
 /// A request to delete one plant, with what its audit row records: who asked, and in

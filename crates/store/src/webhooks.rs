@@ -1,5 +1,6 @@
-//! Deletion events as storage sees them: webhook endpoints, the event stream read from
-//! the deletion log, and the lease that lets one instance at a time deliver to an endpoint.
+//! Deletion events as storage sees them: destinations (webhook endpoints and JetStream
+//! streams), the event stream read from the deletion log, and the lease that lets one
+//! instance at a time deliver to a destination.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -134,11 +135,30 @@ impl Event {
     }
 }
 
+/// Where a stream destination's messages go: a JetStream stream, on subjects
+/// `<subject_prefix>.<plant id>`. An endpoint without one is a webhook endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamTarget {
+    pub stream: String,
+    pub subject_prefix: String,
+}
+
+/// The last message JetStream stored on a plant's subject for a stream destination: its
+/// stream sequence, and the event it carried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoredMessage {
+    pub plant_id: i64,
+    pub stream_seq: i64,
+    pub position: StreamPosition,
+}
+
 /// An endpoint as `webhooks list` shows it; the secret is not read back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRecord {
     pub id: i64,
     pub url: String,
+    /// Set for a stream destination.
+    pub stream: Option<StreamTarget>,
     pub events: EventKinds,
     /// HTTP/2 with prior knowledge (`webhooks add --http2`).
     pub http2: bool,
@@ -158,6 +178,8 @@ pub struct EndpointRecord {
 pub struct Lease {
     pub endpoint_id: i64,
     pub url: String,
+    /// Set for a stream destination.
+    pub stream: Option<StreamTarget>,
     pub events: EventKinds,
     pub signing: Signing,
     /// HTTP/2 with prior knowledge on a plain-http URL.
@@ -192,6 +214,8 @@ impl std::fmt::Debug for Signing {
 #[derive(Clone)]
 pub struct NewEndpoint {
     pub url: String,
+    /// Set for a stream destination (its `secret` is then empty).
+    pub stream: Option<StreamTarget>,
     pub events: EventKinds,
     pub secret: String,
     pub http2: bool,
@@ -206,6 +230,9 @@ pub struct DeliveryReport {
     pub state: EndpointState,
     pub last_error: Option<String>,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// A stream destination's messages stored since the last report, saved in the same
+    /// transaction as the cursor.
+    pub stored: Vec<StoredMessage>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,7 +267,8 @@ pub trait Webhooks: Send + Sync {
     /// Makes an endpoint active again, delivering from where it stopped.
     async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError>;
 
-    /// Moves an endpoint's cursor back to just before deletion log entry `from`.
+    /// Moves an endpoint's cursor back to just before deletion log entry `from`; a stream
+    /// destination forgets the messages it recorded, so it publishes those events again.
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError>;
 
     /// Takes or renews, for `lease_length`, the lease of every endpoint not disabled and not held
@@ -258,6 +286,13 @@ pub trait Webhooks: Send + Sync {
         after: StreamPosition,
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
+
+    /// The last message recorded for each of `plants` on a stream destination's subjects.
+    async fn stored_messages(
+        &self,
+        endpoint_id: i64,
+        plants: &[i64],
+    ) -> Result<Vec<StoredMessage>, StoreError>;
 
     /// Saves delivery's progress; `false` when the lease is no longer this owner's, or the
     /// generation moved (then delivery must stop).

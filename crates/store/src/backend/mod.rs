@@ -10,7 +10,7 @@ pub use commit_news::CommitNews;
 
 use crate::{
     DeletionRecord, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
-    RestoreError, Signing, StoreError, StreamPosition,
+    RestoreError, Signing, StoreError, StoredMessage, StreamPosition, StreamTarget,
 };
 
 /// `StoreError::NotFound` when a statement that names one row by its key changed none.
@@ -122,6 +122,9 @@ impl TryFrom<EventRow> for Event {
 pub struct LeaseRow {
     pub id: i64,
     pub url: String,
+    pub kind: String,
+    pub stream: Option<String>,
+    pub subject_prefix: Option<String>,
     pub events: String,
     pub secret: String,
     /// Set only while the rotation's overlap lasts.
@@ -139,6 +142,7 @@ impl TryFrom<LeaseRow> for Lease {
     fn try_from(row: LeaseRow) -> Result<Self, StoreError> {
         Ok(Lease {
             endpoint_id: row.id,
+            stream: stream_target(&row.kind, row.stream, row.subject_prefix)?,
             url: row.url,
             events: event_kinds(&row.events)?,
             signing: Signing {
@@ -161,6 +165,9 @@ impl TryFrom<LeaseRow> for Lease {
 pub struct EndpointRow {
     pub id: i64,
     pub url: String,
+    pub kind: String,
+    pub stream: Option<String>,
+    pub subject_prefix: Option<String>,
     pub events: String,
     pub http2: bool,
     pub previous_secret_until: Option<DateTime<Utc>>,
@@ -178,6 +185,7 @@ impl TryFrom<EndpointRow> for EndpointRecord {
     fn try_from(row: EndpointRow) -> Result<Self, StoreError> {
         Ok(EndpointRecord {
             id: row.id,
+            stream: stream_target(&row.kind, row.stream, row.subject_prefix)?,
             url: row.url,
             events: event_kinds(&row.events)?,
             http2: row.http2,
@@ -189,6 +197,52 @@ impl TryFrom<EndpointRow> for EndpointRecord {
             next_attempt_at: row.next_attempt_at,
             created_at: row.created_at,
         })
+    }
+}
+
+/// The `kind`, `stream` and `subject_prefix` columns: a webhook endpoint, or a stream
+/// destination with both of the others set.
+fn stream_target(
+    kind: &str,
+    stream: Option<String>,
+    subject_prefix: Option<String>,
+) -> Result<Option<StreamTarget>, StoreError> {
+    match (kind, stream, subject_prefix) {
+        ("webhook", _, _) => Ok(None),
+        ("nats", Some(stream), Some(subject_prefix)) => Ok(Some(StreamTarget {
+            stream,
+            subject_prefix,
+        })),
+        _ => Err(StoreError::Broken("a destination of an unknown kind")),
+    }
+}
+
+/// The `kind` column of a new destination.
+pub fn destination_kind(stream: Option<&StreamTarget>) -> &'static str {
+    if stream.is_some() { "nats" } else { "webhook" }
+}
+
+/// A stored message as both backends return it.
+#[derive(Debug)]
+pub struct StoredMessageRow {
+    pub plant_id: i64,
+    pub stream_seq: i64,
+    pub pos: i64,
+    pub kind: i64,
+    pub seq: i64,
+}
+
+impl From<StoredMessageRow> for StoredMessage {
+    fn from(row: StoredMessageRow) -> Self {
+        StoredMessage {
+            plant_id: row.plant_id,
+            stream_seq: row.stream_seq,
+            position: StreamPosition {
+                pos: row.pos,
+                kind: row.kind,
+                seq: row.seq,
+            },
+        }
     }
 }
 

@@ -1,0 +1,400 @@
+//! Deletion events into a NATS JetStream stream: one message per event on
+//! `<prefix>.<plant id>`, each published with the stream sequence of its plant's previous
+//! message as `Nats-Expected-Last-Subject-Sequence`, so that a message stored before a
+//! crash but never recorded is found on its subject instead of being stored twice.
+
+use std::{collections::HashMap, time::Duration};
+
+use async_nats::{
+    ConnectOptions,
+    jetstream::{
+        self,
+        context::PublishErrorKind,
+        message::PublishMessage,
+        stream::{LastRawMessageErrorKind, Stream},
+    },
+};
+use percent_encoding::percent_decode_str;
+use plantstore_store::{Event, StoredMessage, StreamTarget};
+use reqwest::Url;
+use tokio::sync::OnceCell;
+
+use super::attempt::{Attempt, body, webhook_id};
+use crate::telemetry::one_line;
+
+/// The event type of a message, beside `Nats-Msg-Id` and `Content-Type`.
+pub const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
+/// How many times one attempt publishes after finding its plant's subject moved on without
+/// a message of ours (emptied by the stream's limits or a purge): beyond that, something
+/// else keeps publishing there.
+const REPUBLISH: usize = 3;
+
+/// A stream destination's broker, stream and subjects, connected on first use (and again
+/// after a connection that could not be made); the client reconnects by itself after.
+pub(super) struct StreamPublisher {
+    server: Server,
+    target: StreamTarget,
+    timeout: Duration,
+    jetstream: OnceCell<(jetstream::Context, Stream<()>)>,
+}
+
+/// A NATS URL taken apart: the address, and the credentials that leave it for the CONNECT.
+struct Server {
+    address: String,
+    user: Option<String>,
+    password: Option<String>,
+}
+
+impl Server {
+    /// The error says what is wrong without the URL (it may hold credentials).
+    fn parse(text: &str) -> Result<Self, String> {
+        let mut url = Url::parse(text.trim())
+            .map_err(|err| format!("not a URL such as nats://user:pass@host:4222 ({err})"))?;
+        if !matches!(url.scheme(), "nats" | "tls") || url.host_str().is_none() {
+            return Err(format!(
+                "a stream destination's URL must be nats:// or tls:// with a host, not '{}'",
+                url.scheme()
+            ));
+        }
+        let decoded = |text: &str| percent_decode_str(text).decode_utf8_lossy().into_owned();
+        let user = Some(url.username())
+            .filter(|user| !user.is_empty())
+            .map(decoded);
+        let password = url.password().map(decoded);
+        let _ = url.set_username("");
+        let _ = url.set_password(None);
+        Ok(Self {
+            address: url.to_string(),
+            user,
+            password,
+        })
+    }
+
+    async fn connect(&self, timeout: Duration) -> Result<async_nats::Client, String> {
+        let options = match (&self.user, &self.password) {
+            (Some(user), Some(password)) => {
+                ConnectOptions::with_user_and_password(user.clone(), password.clone())
+            }
+            (Some(token), None) => ConnectOptions::with_token(token.clone()),
+            _ => ConnectOptions::new(),
+        };
+        options
+            .name("plantstore")
+            .connection_timeout(timeout)
+            .connect(self.address.as_str())
+            .await
+            .map_err(|err| format!("cannot connect to the NATS server: {}", one_line(&err)))
+    }
+}
+
+impl StreamPublisher {
+    pub(super) fn new(url: &str, target: StreamTarget, timeout: Duration) -> Result<Self, String> {
+        Ok(Self {
+            server: Server::parse(url)
+                .map_err(|err| format!("the destination's stored URL cannot be used: {err}"))?,
+            target,
+            timeout,
+            jetstream: OnceCell::new(),
+        })
+    }
+
+    async fn jetstream(&self) -> Result<&(jetstream::Context, Stream<()>), String> {
+        self.jetstream
+            .get_or_try_init(|| async {
+                let client = self.server.connect(self.timeout).await?;
+                let mut context = jetstream::new(client);
+                context.set_timeout(self.timeout);
+                let stream = context
+                    .get_stream_no_info(&self.target.stream)
+                    .await
+                    .map_err(|err| format!("cannot use the stream: {}", one_line(&err)))?;
+                Ok((context, stream))
+            })
+            .await
+    }
+
+    /// Publishes `event` after `last`, the message recorded last on its plant's subject
+    /// (none yet: the subject is expected empty). `Attempt::Stored` carries the stream
+    /// sequence of the event's message, whether published now or found stored already.
+    pub(super) async fn publish(&self, event: &Event, last: Option<StoredMessage>) -> Attempt {
+        let (context, stream) = match self.jetstream().await {
+            Ok(jetstream) => jetstream,
+            Err(error) => return Attempt::failed(error),
+        };
+        let subject = format!("{}.{}", self.target.subject_prefix, event.entry.plant_id);
+        let id = webhook_id(event);
+        let mut expected = last.map_or(0, |last| last.stream_seq.unsigned_abs());
+        for _ in 0..REPUBLISH {
+            let message = PublishMessage::build()
+                .payload(body(event).into())
+                .message_id(&id)
+                .header("Content-Type", "application/json")
+                .header(EVENT_TYPE_HEADER, event.kind.name());
+            // Off only in the negative control's test build (tests/api/streams.rs), which
+            // shows that without it a crash stores repeats.
+            #[cfg(not(feature = "negative-control"))]
+            let message = message.expected_last_subject_sequence(expected);
+            let acknowledged = match context.send_publish(subject.clone(), message).await {
+                Ok(acknowledgement) => acknowledgement.await,
+                Err(err) => Err(err),
+            };
+            let err = match acknowledged {
+                Ok(ack) if ack.stream != self.target.stream => {
+                    return Attempt::failed(format!(
+                        "{subject} is captured by the stream {}, not {}",
+                        ack.stream, self.target.stream
+                    ));
+                }
+                Ok(ack) if ack.duplicate => return self.repeat(stream, &id, ack.sequence).await,
+                Ok(ack) => return Attempt::Stored(ack.sequence as i64),
+                Err(err) => err,
+            };
+            if err.kind() != PublishErrorKind::WrongLastSequence {
+                return Attempt::failed(describe_publish(&err, &self.target));
+            }
+            // The subject holds messages after the one recorded: the first of them is this
+            // event's when a crash came between its acknowledgement and the save.
+            match stream
+                .get_first_raw_message_by_subject(&subject, expected + 1)
+                .await
+            {
+                Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(&id) => {
+                    return Attempt::Stored(found.sequence as i64);
+                }
+                Ok(found) => {
+                    return Attempt::failed(format!(
+                        "a message this destination did not publish is on {subject} at stream sequence {} (Nats-Msg-Id {}) where {id} was due; remove it from the stream to go on",
+                        found.sequence,
+                        found
+                            .headers
+                            .get("Nats-Msg-Id")
+                            .map_or("unset", |v| v.as_str())
+                    ));
+                }
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+                Err(err) => {
+                    return Attempt::failed(format!(
+                        "cannot read {subject} back: {}",
+                        one_line(&err)
+                    ));
+                }
+            }
+            // Nothing after the recorded message: it left the stream (its limits, a purge),
+            // so this one goes after whatever is last there now.
+            expected = match stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(last) => last.sequence,
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+                Err(err) => {
+                    return Attempt::failed(format!(
+                        "cannot read {subject} back: {}",
+                        one_line(&err)
+                    ));
+                }
+            };
+        }
+        Attempt::failed(format!(
+            "another publisher keeps adding messages to {subject}"
+        ))
+    }
+}
+
+impl StreamPublisher {
+    /// JetStream took the message for a repeat of the one at `sequence` (same
+    /// `Nats-Msg-Id`, within the duplicate window): stored, if that one is still there. One
+    /// purged or removed since is not, and this message is stored only once the window has
+    /// passed, so it is tried again until then.
+    async fn repeat(&self, stream: &Stream<()>, id: &str, sequence: u64) -> Attempt {
+        match stream.get_raw_message(sequence).await {
+            Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(id) => {
+                Attempt::Stored(sequence as i64)
+            }
+            _ => Attempt::failed(format!(
+                "JetStream dropped {id} as a repeat of a message no longer in the stream; it is stored once the stream's duplicate window has passed"
+            )),
+        }
+    }
+}
+
+/// A refused or unanswered publish in a line an operator can act on.
+fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarget) -> String {
+    match err.kind() {
+        PublishErrorKind::StreamNotFound => format!(
+            "no stream captures {}.>: the stream {} is missing, or does not take these subjects",
+            target.subject_prefix, target.stream
+        ),
+        PublishErrorKind::TimedOut => {
+            "no acknowledgement from the NATS server within the timeout".into()
+        }
+        _ => format!("the NATS server refused the message: {}", one_line(err)),
+    }
+}
+
+/// What `streams add` and `streams replay` make sure of before a destination delivers: the
+/// server answers with these credentials, the stream exists and captures `<prefix>.>`, and
+/// holds no message there yet (one would stand where this destination expects none).
+pub(crate) async fn check_target(url: &str, target: &StreamTarget) -> Result<(), String> {
+    const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+    let server = Server::parse(url)?;
+    let client = server.connect(CHECK_TIMEOUT).await?;
+    let mut context = jetstream::new(client);
+    context.set_timeout(CHECK_TIMEOUT);
+    let mut stream = context.get_stream(&target.stream).await.map_err(|err| {
+        format!(
+            "cannot use the stream {}: {} (the service does not create it: see docs/deletion-events.md)",
+            target.stream,
+            one_line(&err)
+        )
+    })?;
+    let wanted = format!("{}.>", target.subject_prefix);
+    let info = stream
+        .info()
+        .await
+        .map_err(|err| format!("cannot read the stream: {}", one_line(&err)))?;
+    if !info
+        .config
+        .subjects
+        .iter()
+        .any(|subject| captures(subject, &wanted))
+    {
+        return Err(format!(
+            "the stream {} does not capture {wanted} (its subjects: {})",
+            target.stream,
+            info.config.subjects.join(", ")
+        ));
+    }
+    match stream.get_first_raw_message_by_subject(&wanted, 1).await {
+        Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(()),
+        Err(err) => Err(format!("cannot read the stream: {}", one_line(&err))),
+        Ok(found) => Err(format!(
+            "the stream {} already holds messages on {wanted} (the first at sequence {}): purge them (nats stream purge {} --subject '{wanted}') or choose another --subject-prefix",
+            target.stream, found.sequence, target.stream
+        )),
+    }
+}
+
+/// Whether a stream's subject filter takes every subject `wanted` matches.
+fn captures(filter: &str, wanted: &str) -> bool {
+    let mut filter = filter.split('.');
+    let mut wanted = wanted.split('.');
+    loop {
+        match (filter.next(), wanted.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(token)) if token != ">" => {}
+            (Some(f), Some(w)) if f == w && w != ">" => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
+/// The messages recorded last on the subjects of the plants in flight or read: looked up
+/// per plant as events are read, and saved with the cursor.
+#[derive(Default)]
+pub(super) struct StreamSubjects {
+    last: HashMap<i64, StoredMessage>,
+    unsaved: HashMap<i64, StoredMessage>,
+}
+
+/// Plants whose last message is kept in memory at most, beyond those not yet saved: the
+/// rest are read again when their next event comes.
+const KEPT: usize = 16 * 1024;
+
+impl StreamSubjects {
+    /// Plants of `events` whose last message is not known here yet.
+    pub(super) fn unknown(&self, events: &[Event]) -> Vec<i64> {
+        let mut plants: Vec<i64> = events
+            .iter()
+            .map(|event| event.entry.plant_id)
+            .filter(|plant| !self.last.contains_key(plant))
+            .collect();
+        plants.sort_unstable();
+        plants.dedup();
+        plants
+    }
+
+    /// Takes what the store recorded for plants read just now, first forgetting the
+    /// plants whose messages are all saved, when they grow many.
+    pub(super) fn learn(&mut self, stored: Vec<StoredMessage>) {
+        if self.last.len() > KEPT {
+            let unsaved = &self.unsaved;
+            self.last.retain(|plant, _| unsaved.contains_key(plant));
+        }
+        for message in stored {
+            self.last.entry(message.plant_id).or_insert(message);
+        }
+    }
+
+    /// The message recorded last on the plant's subject.
+    pub(super) fn last(&self, plant: i64) -> Option<StoredMessage> {
+        self.last.get(&plant).copied()
+    }
+
+    /// Whether the event's message is in the stream already: its plant's last message is
+    /// this event's or a later one's.
+    pub(super) fn holds(&self, event: &Event) -> bool {
+        self.last(event.entry.plant_id)
+            .is_some_and(|last| last.position >= event.position)
+    }
+
+    pub(super) fn stored(&mut self, event: &Event, stream_seq: i64) {
+        let message = StoredMessage {
+            plant_id: event.entry.plant_id,
+            stream_seq,
+            position: event.position,
+        };
+        self.last.insert(message.plant_id, message);
+        self.unsaved.insert(message.plant_id, message);
+    }
+
+    pub(super) fn has_unsaved(&self) -> bool {
+        !self.unsaved.is_empty()
+    }
+
+    /// What is stored but not yet saved, for the next report.
+    pub(super) fn unsaved(&self) -> Vec<StoredMessage> {
+        self.unsaved.values().copied().collect()
+    }
+
+    /// The report carrying `saved` was saved.
+    pub(super) fn saved(&mut self, saved: &[StoredMessage]) {
+        for message in saved {
+            if self.unsaved.get(&message.plant_id) == Some(message) {
+                self.unsaved.remove(&message.plant_id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_captures_what_its_wildcards_cover() {
+        let wanted = "plantstore.plants.>";
+        for filter in ["plantstore.plants.>", "plantstore.>", ">", "*.plants.>"] {
+            assert!(captures(filter, wanted), "{filter}");
+        }
+        for filter in [
+            "plantstore.plants.*",
+            "plantstore.plants",
+            "plantstore.plants.7",
+            "other.>",
+            "plantstore.*",
+        ] {
+            assert!(!captures(filter, wanted), "{filter}");
+        }
+    }
+
+    #[test]
+    fn credentials_leave_the_address() {
+        let server = Server::parse("nats://us%40er:p%3Ass@broker:4222").expect("a NATS URL");
+        assert_eq!(server.address, "nats://broker:4222");
+        assert_eq!(server.user.as_deref(), Some("us@er"));
+        assert_eq!(server.password.as_deref(), Some("p:ss"));
+        let err = Server::parse("http://user:secret@broker")
+            .err()
+            .expect("refused");
+        assert!(!err.contains("secret"), "{err}");
+    }
+}
