@@ -27,9 +27,11 @@ def service_env() -> dict:
 
 
 class Service:
-    def __init__(self, binary: Path, work: Path):
+    def __init__(self, binary: Path, work: Path, env: dict | None = None):
         self.binary = binary
         self.work = work
+        # Settings of this build's own, under every start's.
+        self.env = env or {}
 
     def cli(self, url: str, *args: str, timeout=3600) -> str:
         res = run(
@@ -49,7 +51,7 @@ class Service:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**service_env(), **(extra_env or {})},
+                env={**service_env(), **self.env, **(extra_env or {})},
                 cwd=self.work,
             )
         finally:

@@ -171,18 +171,20 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
     protocols: dict[str, int] = {}
     if scheme == "nats":
         stored, messages = stored_times(broker)
+        PROCS.stop(receiver)
         received = {h: at for h, at in stored.items() if h in committed}
         protocols = {"JetStream messages": messages, "distinct ids": len(stored)}
         if messages != len(stored):
             b.failures.append(f"{backend} hits+stream {pair + 1}: {messages - len(stored)} "
                               "messages repeated in the stream")
     else:
+        # Stopped first: nginx writes the rest of its buffered log as it ends.
+        PROCS.stop(receiver)
         for line in (rdir / "access.log").read_text().splitlines():
             at, hook, protocol = (line.split(" ") + ["", ""])[:3]
             protocols[protocol] = protocols.get(protocol, 0) + 1
             if hook in committed and hook not in received:
                 received[hook] = float(at)
-    PROCS.stop(receiver)
     b.svc.cli(url, group, "remove", endpoint)
     d["unexpected"] = unexpected(d, "204")
     d["protocols"] = protocols

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use plantstore_store::{DeletionRecord, Event, EventKind};
+use plantstore_store::{DeletionRecord, Event, EventKind, StoredMessage};
 use reqwest::{
     Client, StatusCode, Url,
     header::{self, HeaderMap},
@@ -26,8 +26,9 @@ const IDLE: Duration = Duration::from_secs(2);
 pub(super) enum Attempt {
     /// A 2xx within the timeout.
     Delivered,
-    /// In the stream, at this stream sequence.
-    Stored(i64),
+    /// In the stream: the plant's last message there now (this event's, or a later one's
+    /// found recorded).
+    Stored(StoredMessage),
     /// 410: the receiver wants no more events.
     Gone,
     /// Anything else: to be tried again, not sooner than `retry_after` if the receiver said.

@@ -110,11 +110,11 @@ enum Destination {
 }
 
 impl Destination {
-    fn new(lease: &Lease, config: &WebhookConfig) -> Result<Self, String> {
+    fn new(lease: &Lease, config: &WebhookConfig, store: &Arc<dyn Store>) -> Result<Self, String> {
         match &lease.stream {
             None => EndpointClient::new(&lease.url, lease.http2, config).map(Destination::Webhook),
             Some(target) => {
-                StreamPublisher::new(&lease.url, target.clone(), config.webhook_timeout)
+                StreamPublisher::new(lease, target.clone(), config.webhook_timeout, store)
                     .map(|publisher| Destination::Stream(Box::new(publisher)))
             }
         }
@@ -162,7 +162,7 @@ impl DeliveryLoop {
     }
 
     async fn deliver(mut self) -> DeliveryEnd {
-        let client = Arc::new(Destination::new(&self.lease, &self.config));
+        let client = Arc::new(Destination::new(&self.lease, &self.config, &self.store));
         let mut subjects = StreamSubjects::default();
         let mut pending = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
@@ -177,7 +177,7 @@ impl DeliveryLoop {
             if log_may_hold_more && pending.room() >= WINDOW / 4 {
                 // Seen before reading: a commit after this is news again.
                 self.commits.mark_seen();
-                log_may_hold_more = self.read(&mut pending, &mut subjects).await;
+                log_may_hold_more = self.read(&mut pending).await;
                 last_read = Instant::now();
             }
             while in_flight.len() < IN_FLIGHT
@@ -261,40 +261,20 @@ impl DeliveryLoop {
             .unwrap_or(DeliveryEnd::Halted)
     }
 
-    /// Reads what fits after what was read; whether the log may hold more. For a stream
-    /// destination, the read plants' last messages are looked up first: an event whose
-    /// message is in the stream already is done with.
-    async fn read(&self, pending: &mut PendingEvents, subjects: &mut StreamSubjects) -> bool {
+    /// Reads what fits after what was read; whether the log may hold more.
+    async fn read(&self, pending: &mut PendingEvents) -> bool {
         let room = pending.room();
-        let events = match self.store.read_events(pending.read_to(), room as i64).await {
-            Ok(events) => events,
+        match self.store.read_events(pending.read_to(), room as i64).await {
+            Ok(events) => {
+                let full = events.len() >= room;
+                pending.add(events, |event| self.lease.events.contains(&event.kind));
+                full
+            }
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the deletion log for deletion events");
-                return false;
-            }
-        };
-        let unknown = match self.lease.stream {
-            Some(_) => subjects.unknown(&events),
-            None => Vec::new(),
-        };
-        if !unknown.is_empty() {
-            match self
-                .store
-                .stored_messages(self.lease.endpoint_id, &unknown)
-                .await
-            {
-                Ok(stored) => subjects.learn(stored),
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the stream destination's last messages");
-                    return false;
-                }
+                false
             }
         }
-        let full = events.len() >= room;
-        pending.add(events, |event| {
-            self.lease.events.contains(&event.kind) && !subjects.holds(event)
-        });
-        full
     }
 
     /// Saves the progress; `Some` when delivery must stop, the lease being lost.
@@ -335,8 +315,8 @@ impl DeliveryLoop {
     ) -> Option<DeliveryEnd> {
         let AttemptOutcome { sent, attempt, lag } = outcome;
         let event = sent.event;
-        if let Attempt::Stored(stream_seq) = attempt {
-            subjects.stored(&event, stream_seq);
+        if let Attempt::Stored(message) = attempt {
+            subjects.stored(message);
         }
         match attempt {
             Attempt::Delivered | Attempt::Stored(_) => {

@@ -3,7 +3,7 @@
 //! message as `Nats-Expected-Last-Subject-Sequence`, so that a message stored before a
 //! crash but never recorded is found on its subject instead of being stored twice.
 
-use std::{collections::HashMap, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use async_nats::{
     ConnectOptions,
@@ -15,7 +15,7 @@ use async_nats::{
     },
 };
 use percent_encoding::percent_decode_str;
-use plantstore_store::{Event, StoredMessage, StreamTarget};
+use plantstore_store::{Event, Lease, Store, StoredMessage, StreamTarget};
 use reqwest::Url;
 use tokio::sync::OnceCell;
 
@@ -24,10 +24,10 @@ use crate::telemetry::one_line;
 
 /// The event type of a message, beside `Nats-Msg-Id` and `Content-Type`.
 pub const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
-/// How many times one attempt publishes after finding its plant's subject moved on without
-/// a message of ours (emptied by the stream's limits or a purge): beyond that, something
-/// else keeps publishing there.
-const REPUBLISH: usize = 3;
+/// How many times one attempt publishes: again with the sequence the store recorded for the
+/// plant, and again after finding the subject emptied (by the stream's limits or a purge);
+/// beyond that, something else keeps publishing there.
+const REPUBLISH: usize = 4;
 
 /// A stream destination's broker, stream and subjects, connected on first use (and again
 /// after a connection that could not be made); the client reconnects by itself after.
@@ -36,6 +36,9 @@ pub(super) struct StreamPublisher {
     target: StreamTarget,
     timeout: Duration,
     jetstream: OnceCell<(jetstream::Context, Stream<()>)>,
+    /// Where the destination's recorded messages are read, when a plant's is needed.
+    store: Arc<dyn Store>,
+    endpoint_id: i64,
 }
 
 /// A NATS URL taken apart: the address, and the credentials that leave it for the CONNECT.
@@ -88,13 +91,20 @@ impl Server {
 }
 
 impl StreamPublisher {
-    pub(super) fn new(url: &str, target: StreamTarget, timeout: Duration) -> Result<Self, String> {
+    pub(super) fn new(
+        lease: &Lease,
+        target: StreamTarget,
+        timeout: Duration,
+        store: &Arc<dyn Store>,
+    ) -> Result<Self, String> {
         Ok(Self {
-            server: Server::parse(url)
+            server: Server::parse(&lease.url)
                 .map_err(|err| format!("the destination's stored URL cannot be used: {err}"))?,
             target,
             timeout,
             jetstream: OnceCell::new(),
+            store: Arc::clone(store),
+            endpoint_id: lease.endpoint_id,
         })
     }
 
@@ -113,17 +123,32 @@ impl StreamPublisher {
             .await
     }
 
-    /// Publishes `event` after `last`, the message recorded last on its plant's subject
-    /// (none yet: the subject is expected empty). `Attempt::Stored` carries the stream
-    /// sequence of the event's message, whether published now or found stored already.
+    /// Publishes `event` after `last`, the plant's message this delivery stored and has not
+    /// saved yet, if any. Without one, the subject is expected empty: nearly every plant's
+    /// first message, published without a read of the store. When that is refused, the
+    /// store's record of the plant's last message (saved before, or by another instance) is
+    /// read, and the event published after it. `Attempt::Stored` carries the plant's last
+    /// message then, whether this event's was published now or found stored already.
     pub(super) async fn publish(&self, event: &Event, last: Option<StoredMessage>) -> Attempt {
+        let plant = event.entry.plant_id;
+        if let Some(last) = last.filter(|last| last.position >= event.position) {
+            return Attempt::Stored(last);
+        }
         let (context, stream) = match self.jetstream().await {
             Ok(jetstream) => jetstream,
             Err(error) => return Attempt::failed(error),
         };
-        let subject = format!("{}.{}", self.target.subject_prefix, event.entry.plant_id);
+        let subject = format!("{}.{}", self.target.subject_prefix, plant);
         let id = webhook_id(event);
+        let stored = |stream_seq: u64| {
+            Attempt::Stored(StoredMessage {
+                plant_id: plant,
+                stream_seq: stream_seq as i64,
+                position: event.position,
+            })
+        };
         let mut expected = last.map_or(0, |last| last.stream_seq.unsigned_abs());
+        let mut store_read = last.is_some();
         for _ in 0..REPUBLISH {
             let message = PublishMessage::build()
                 .payload(body(event).into())
@@ -145,12 +170,37 @@ impl StreamPublisher {
                         ack.stream, self.target.stream
                     ));
                 }
-                Ok(ack) if ack.duplicate => return self.repeat(stream, &id, ack.sequence).await,
-                Ok(ack) => return Attempt::Stored(ack.sequence as i64),
+                Ok(ack) if ack.duplicate => {
+                    return match self.repeat(stream, &id, ack.sequence).await {
+                        Ok(()) => stored(ack.sequence),
+                        Err(error) => Attempt::failed(error),
+                    };
+                }
+                Ok(ack) => return stored(ack.sequence),
                 Err(err) => err,
             };
             if err.kind() != PublishErrorKind::WrongLastSequence {
                 return Attempt::failed(describe_publish(&err, &self.target));
+            }
+            if !store_read {
+                store_read = true;
+                match self.store.stored_messages(self.endpoint_id, &[plant]).await {
+                    Ok(recorded) => match recorded.first() {
+                        Some(recorded) if recorded.position >= event.position => {
+                            return Attempt::Stored(*recorded);
+                        }
+                        Some(recorded) => {
+                            expected = recorded.stream_seq.unsigned_abs();
+                            continue;
+                        }
+                        None => {}
+                    },
+                    Err(err) => {
+                        return Attempt::failed(format!(
+                            "cannot read the destination's last message on {subject}: {err}"
+                        ));
+                    }
+                }
             }
             // The subject holds messages after the one recorded: the first of them is this
             // event's when a crash came between its acknowledgement and the save.
@@ -159,7 +209,7 @@ impl StreamPublisher {
                 .await
             {
                 Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(&id) => {
-                    return Attempt::Stored(found.sequence as i64);
+                    return stored(found.sequence);
                 }
                 Ok(found) => {
                     return Attempt::failed(format!(
@@ -203,12 +253,10 @@ impl StreamPublisher {
     /// `Nats-Msg-Id`, within the duplicate window): stored, if that one is still there. One
     /// purged or removed since is not, and this message is stored only once the window has
     /// passed, so it is tried again until then.
-    async fn repeat(&self, stream: &Stream<()>, id: &str, sequence: u64) -> Attempt {
+    async fn repeat(&self, stream: &Stream<()>, id: &str, sequence: u64) -> Result<(), String> {
         match stream.get_raw_message(sequence).await {
-            Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(id) => {
-                Attempt::Stored(sequence as i64)
-            }
-            _ => Attempt::failed(format!(
+            Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(id) => Ok(()),
+            _ => Err(format!(
                 "JetStream dropped {id} as a repeat of a message no longer in the stream; it is stored once the stream's duplicate window has passed"
             )),
         }
@@ -287,63 +335,26 @@ fn captures(filter: &str, wanted: &str) -> bool {
     }
 }
 
-/// The messages recorded last on the subjects of the plants in flight or read: looked up
-/// per plant as events are read, and saved with the cursor.
+/// The messages this delivery stored and has not saved yet, by plant: the next message of
+/// such a plant is published after it, and the next report saves them with the cursor.
+/// Once saved they are forgotten here (a plant's next event is rare, and reads the store).
 #[derive(Default)]
 pub(super) struct StreamSubjects {
-    last: HashMap<i64, StoredMessage>,
     unsaved: HashMap<i64, StoredMessage>,
 }
 
-/// Plants whose last message is kept in memory at most, beyond those not yet saved: the
-/// rest are read again when their next event comes.
-const KEPT: usize = 16 * 1024;
-
 impl StreamSubjects {
-    /// Plants of `events` whose last message is not known here yet.
-    pub(super) fn unknown(&self, events: &[Event]) -> Vec<i64> {
-        let mut plants: Vec<i64> = events
-            .iter()
-            .map(|event| event.entry.plant_id)
-            .filter(|plant| !self.last.contains_key(plant))
-            .collect();
-        plants.sort_unstable();
-        plants.dedup();
-        plants
-    }
-
-    /// Takes what the store recorded for plants read just now, first forgetting the
-    /// plants whose messages are all saved, when they grow many.
-    pub(super) fn learn(&mut self, stored: Vec<StoredMessage>) {
-        if self.last.len() > KEPT {
-            let unsaved = &self.unsaved;
-            self.last.retain(|plant, _| unsaved.contains_key(plant));
-        }
-        for message in stored {
-            self.last.entry(message.plant_id).or_insert(message);
-        }
-    }
-
-    /// The message recorded last on the plant's subject.
+    /// The plant's message stored and not yet saved.
     pub(super) fn last(&self, plant: i64) -> Option<StoredMessage> {
-        self.last.get(&plant).copied()
+        self.unsaved.get(&plant).copied()
     }
 
-    /// Whether the event's message is in the stream already: its plant's last message is
-    /// this event's or a later one's.
-    pub(super) fn holds(&self, event: &Event) -> bool {
-        self.last(event.entry.plant_id)
-            .is_some_and(|last| last.position >= event.position)
-    }
-
-    pub(super) fn stored(&mut self, event: &Event, stream_seq: i64) {
-        let message = StoredMessage {
-            plant_id: event.entry.plant_id,
-            stream_seq,
-            position: event.position,
-        };
-        self.last.insert(message.plant_id, message);
-        self.unsaved.insert(message.plant_id, message);
+    /// The plant's last message is `message` now, unless a later one is known already.
+    pub(super) fn stored(&mut self, message: StoredMessage) {
+        let last = self.unsaved.entry(message.plant_id).or_insert(message);
+        if last.position < message.position {
+            *last = message;
+        }
     }
 
     pub(super) fn has_unsaved(&self) -> bool {
