@@ -10,7 +10,6 @@ pub mod signature;
 mod stream;
 
 pub(crate) use attempt::EntryJson;
-pub use stream::EVENT_TYPE_HEADER;
 pub(crate) use stream::check_target;
 
 use std::{

@@ -23,7 +23,7 @@ use super::attempt::{Attempt, body, webhook_id};
 use crate::telemetry::one_line;
 
 /// The event type of a message, beside `Nats-Msg-Id` and `Content-Type`.
-pub const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
+const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
 /// How many times one attempt publishes: again with the sequence the store recorded for the
 /// plant, and again after finding the subject emptied (by the stream's limits or a purge);
 /// beyond that, something else keeps publishing there.
@@ -184,10 +184,10 @@ impl StreamPublisher {
             }
             if !store_read {
                 store_read = true;
-                match self.store.stored_messages(self.endpoint_id, &[plant]).await {
-                    Ok(recorded) => match recorded.first() {
+                match self.store.stored_message(self.endpoint_id, plant).await {
+                    Ok(recorded) => match recorded {
                         Some(recorded) if recorded.position >= event.position => {
-                            return Attempt::Stored(*recorded);
+                            return Attempt::Stored(recorded);
                         }
                         Some(recorded) => {
                             expected = recorded.stream_seq.unsigned_abs();
@@ -246,9 +246,7 @@ impl StreamPublisher {
             "another publisher keeps adding messages to {subject}"
         ))
     }
-}
 
-impl StreamPublisher {
     /// JetStream took the message for a repeat of the one at `sequence` (same
     /// `Nats-Msg-Id`, within the duplicate window): stored, if that one is still there. One
     /// purged or removed since is not, and this message is stored only once the window has

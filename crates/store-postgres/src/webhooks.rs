@@ -250,23 +250,23 @@ impl Webhooks for PostgresStore {
         rows.into_iter().map(Event::try_from).collect()
     }
 
-    #[tracing::instrument(level = "debug", skip(self, plants))]
-    async fn stored_messages(
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn stored_message(
         &self,
         endpoint_id: i64,
-        plants: &[i64],
-    ) -> Result<Vec<StoredMessage>, StoreError> {
-        let rows = sqlx::query_as!(
+        plant_id: i64,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        let row = sqlx::query_as!(
             StoredMessageRow,
             "SELECT plant_id, stream_seq, pos, kind, seq FROM plantstore_stream_subjects
-             WHERE endpoint_id = $1 AND plant_id = ANY($2)",
+             WHERE endpoint_id = $1 AND plant_id = $2",
             endpoint_id,
-            plants
+            plant_id
         )
-        .fetch_all(&mut *self.db.conn().await?)
+        .fetch_optional(&mut *self.db.conn().await?)
         .await
         .map_err(|err| self.db.error(err))?;
-        Ok(rows.into_iter().map(StoredMessage::from).collect())
+        Ok(row.map(StoredMessage::from))
     }
 
     #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]

@@ -242,26 +242,24 @@ impl Webhooks for SqliteStore {
         rows.into_iter().map(Event::try_from).collect()
     }
 
-    #[tracing::instrument(level = "debug", skip(self, plants))]
-    async fn stored_messages(
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn stored_message(
         &self,
         endpoint_id: i64,
-        plants: &[i64],
-    ) -> Result<Vec<StoredMessage>, StoreError> {
-        let plants = json_array(plants.iter().map(i64::to_string));
-        let rows = sqlx::query_as!(
+        plant_id: i64,
+    ) -> Result<Option<StoredMessage>, StoreError> {
+        let row = sqlx::query_as!(
             StoredMessageRow,
             r#"SELECT plant_id AS "plant_id!: i64", stream_seq AS "stream_seq!: i64",
                       pos AS "pos!: i64", kind AS "kind!: i64", seq AS "seq!: i64"
-               FROM plantstore_stream_subjects
-               WHERE endpoint_id = ? AND plant_id IN (SELECT value FROM json_each(?))"#,
+               FROM plantstore_stream_subjects WHERE endpoint_id = ? AND plant_id = ?"#,
             endpoint_id,
-            plants
+            plant_id
         )
-        .fetch_all(&self.readers)
+        .fetch_optional(&self.readers)
         .await
         .map_err(classify)?;
-        Ok(rows.into_iter().map(StoredMessage::from).collect())
+        Ok(row.map(StoredMessage::from))
     }
 
     #[tracing::instrument(level = "debug", skip(self, lease), fields(endpoint = lease.endpoint_id))]
@@ -299,13 +297,20 @@ impl Webhooks for SqliteStore {
             return Ok(false);
         }
         if !report.stored.is_empty() {
-            let stored = json_array(report.stored.iter().map(|message| {
-                let at = message.position;
-                format!(
-                    "[{},{},{},{},{}]",
-                    message.plant_id, message.stream_seq, at.pos, at.kind, at.seq
-                )
-            }));
+            // A JSON array of arrays for json_each: only integers go in, so nothing needs
+            // escaping.
+            let rows: Vec<String> = report
+                .stored
+                .iter()
+                .map(|message| {
+                    let at = message.position;
+                    format!(
+                        "[{},{},{},{},{}]",
+                        message.plant_id, message.stream_seq, at.pos, at.kind, at.seq
+                    )
+                })
+                .collect();
+            let stored = format!("[{}]", rows.join(","));
             sqlx::query!(
                 "INSERT INTO plantstore_stream_subjects
                      (endpoint_id, plant_id, stream_seq, pos, kind, seq)
@@ -337,10 +342,4 @@ impl Webhooks for SqliteStore {
         .map_err(classify)?;
         Ok(())
     }
-}
-
-/// A JSON array of already-JSON items, for `json_each`: only integers go in, so nothing
-/// needs escaping.
-fn json_array(items: impl Iterator<Item = String>) -> String {
-    format!("[{}]", items.collect::<Vec<_>>().join(","))
 }

@@ -287,12 +287,12 @@ pub trait Webhooks: Send + Sync {
         limit: i64,
     ) -> Result<Vec<Event>, StoreError>;
 
-    /// The last message recorded for each of `plants` on a stream destination's subjects.
-    async fn stored_messages(
+    /// The last message recorded on a plant's subject for a stream destination.
+    async fn stored_message(
         &self,
         endpoint_id: i64,
-        plants: &[i64],
-    ) -> Result<Vec<StoredMessage>, StoreError>;
+        plant_id: i64,
+    ) -> Result<Option<StoredMessage>, StoreError>;
 
     /// Saves delivery's progress; `false` when the lease is no longer this owner's, or the
     /// generation moved (then delivery must stop).
