@@ -357,9 +357,26 @@ async fn add_refuses_what_cannot_work_and_never_prints_the_password() {
     assert!(destinations(&db.url).is_empty());
 }
 
+/// `plantstore serve` as its own process, killed (SIGKILL) on `kill` or when the test ends,
+/// however it ends.
+struct ServeProcess(std::process::Child);
+
+impl ServeProcess {
+    fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
 /// `plantstore serve` as its own process on `port`, so that it can be killed with SIGKILL.
-fn serve_process(db_url: &str, port: u16) -> std::process::Child {
-    std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
+fn serve_process(db_url: &str, port: u16) -> ServeProcess {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
         .env_clear()
         .env("DATABASE_URL", db_url)
         .env("PLANTSTORE_LISTEN", format!("127.0.0.1:{port}"))
@@ -369,26 +386,28 @@ fn serve_process(db_url: &str, port: u16) -> std::process::Child {
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::null())
         .spawn()
-        .expect("plantstore serve runs")
+        .expect("plantstore serve runs");
+    ServeProcess(child)
 }
 
 /// The service killed (SIGKILL) after JetStream acknowledged messages and before it saved
 /// them, then started again once the duplicate window has passed: the expected last subject
 /// sequence refuses each repeat, and the message found on the subject is recorded instead.
 #[cfg(not(feature = "negative-control"))]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_between_acknowledgement_and_save_stores_nothing_twice() {
-    let (expected, counts) = kill_between_acknowledgement_and_save().await;
+async fn a_kill_between_acknowledgement_and_save_stores_nothing_twice(backend: Backend) {
+    let (expected, counts) = kill_between_acknowledgement_and_save(backend).await;
     assert_eq!(counts, all_once(&expected));
 }
+
+#[cfg(not(feature = "negative-control"))]
+on_both_backends!(a_kill_between_acknowledgement_and_save_stores_nothing_twice);
 
 /// The negative control: the same crash in a build that publishes without the expected
 /// sequence (`cargo test --features negative-control`) stores repeats, so the test above
 /// can fail.
 #[cfg(feature = "negative-control")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn negative_control_without_the_expected_sequence_a_kill_stores_repeats() {
-    let (_, counts) = kill_between_acknowledgement_and_save().await;
+async fn negative_control_without_the_expected_sequence_a_kill_stores_repeats(backend: Backend) {
+    let (_, counts) = kill_between_acknowledgement_and_save(backend).await;
     eprintln!(
         "negative control: {} repeats ({counts:?})",
         counts.messages - counts.distinct_ids
@@ -396,16 +415,52 @@ async fn negative_control_without_the_expected_sequence_a_kill_stores_repeats() 
     assert!(counts.messages > counts.distinct_ids, "{counts:?}");
 }
 
-/// Deletes 40 plants while every save of the destination's progress waits behind a row
-/// lock, kills the service once messages are acknowledged, lets the duplicate window pass,
-/// starts it again; the log's events per plant, and the check's counts once nothing is
-/// pending.
-async fn kill_between_acknowledgement_and_save() -> (HashMap<i64, Vec<String>>, ExactlyOnce) {
-    let nats = NatsServer::start().await;
+#[cfg(feature = "negative-control")]
+on_both_backends!(negative_control_without_the_expected_sequence_a_kill_stores_repeats);
+
+/// What keeps the service from saving a destination's progress while it still publishes.
+/// PostgreSQL: a lock on the destination's row, which deletes never touch. SQLite: the
+/// write lock, which deletes need too.
+enum SaveHold {
+    Sqlite(crate::helpers::WriteHold),
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+}
+
+impl SaveHold {
+    async fn take(db: &TestDb) -> Self {
+        match &db.pool {
+            crate::helpers::DbPool::Sqlite(_) => SaveHold::Sqlite(db.hold_writes().await),
+            crate::helpers::DbPool::Postgres(pool) => {
+                let mut hold = pool.begin().await.expect("a transaction");
+                sqlx::query("SELECT 1 FROM plantstore_webhook_endpoints FOR UPDATE")
+                    .execute(&mut *hold)
+                    .await
+                    .expect("the row locked");
+                SaveHold::Postgres(hold)
+            }
+        }
+    }
+
+    async fn release(self) {
+        match self {
+            SaveHold::Sqlite(hold) => hold.release().await,
+            SaveHold::Postgres(hold) => hold.rollback().await.expect("the lock released"),
+        }
+    }
+}
+
+/// Deletes 40 plants and has their messages acknowledged while every save of the
+/// destination's progress is held; kills the service; lets the duplicate window pass and
+/// starts the service again. Gives the log's events per plant, and the check's counts once
+/// nothing is pending.
+async fn kill_between_acknowledgement_and_save(
+    backend: Backend,
+) -> (HashMap<i64, Vec<String>>, ExactlyOnce) {
+    let mut nats = NatsServer::start().await;
     let mut config = stream_config(STREAM, &["plantstore.plants.>"]);
     config.duplicate_window = Duration::from_secs(1);
     nats.add_stream(config).await;
-    let db = TestDb::new(Backend::Postgres).await;
+    let db = TestDb::new(backend).await;
     succeeded(&plantstore_on(&db.url, &["migrate"]));
     succeeded(&plantstore_on(&db.url, &["seed", "--count", "40"]));
     let created = succeeded(&plantstore_on(
@@ -419,6 +474,18 @@ async fn kill_between_acknowledgement_and_save() -> (HashMap<i64, Vec<String>>, 
         .expect("a free port")
         .port();
     let mut service = serve_process(&db.url, port);
+    let client = reqwest::Client::new();
+    let delete_all = || async {
+        let deletes = (1..=40).map(|id| {
+            client
+                .delete(format!("http://127.0.0.1:{port}/plants/{id}"))
+                .bearer_auth(&token)
+                .send()
+        });
+        for answer in futures::future::join_all(deletes).await {
+            assert_eq!(answer.expect("an answer").status(), 204);
+        }
+    };
     eventually(WITHIN, "the service holds the destination's lease", || async {
         (db.scalar(
             "SELECT count(*) FROM plantstore_webhook_endpoints WHERE lease_owner IS NOT NULL AND id > $1",
@@ -429,26 +496,28 @@ async fn kill_between_acknowledgement_and_save() -> (HashMap<i64, Vec<String>>, 
             .then_some(())
     })
     .await;
-    // Every save of the destination's progress waits behind this lock; publishing does not.
-    let crate::helpers::DbPool::Postgres(pool) = &db.pool else {
-        panic!("a PostgreSQL test database")
+    let hold = match backend {
+        // The row lock first: deletes go on beside it, and their messages are published.
+        Backend::Postgres => {
+            let hold = SaveHold::take(&db).await;
+            delete_all().await;
+            hold
+        }
+        // Deletes need the write lock too: they are made while the broker is down, and
+        // the lock is taken before it is back. A save waiting on it gives up after the
+        // busy wait, and delivery goes on.
+        Backend::Sqlite => {
+            nats.kill();
+            delete_all().await;
+            wait_for_destination(&db.url, "failing while the broker is down", |d| {
+                d["state"] == "failing"
+            })
+            .await;
+            let hold = SaveHold::take(&db).await;
+            nats.start_again().await;
+            hold
+        }
     };
-    let mut hold = pool.begin().await.expect("a transaction");
-    sqlx::query("SELECT 1 FROM plantstore_webhook_endpoints FOR UPDATE")
-        .execute(&mut *hold)
-        .await
-        .expect("the row locked");
-
-    let client = reqwest::Client::new();
-    let deletes = (1..=40).map(|id| {
-        client
-            .delete(format!("http://127.0.0.1:{port}/plants/{id}"))
-            .bearer_auth(&token)
-            .send()
-    });
-    for answer in futures::future::join_all(deletes).await {
-        assert_eq!(answer.expect("an answer").status(), 204);
-    }
     let js = nats.jetstream().await;
     let published = eventually(WITHIN, "messages acknowledged", || async {
         let count = read_stream(&js, STREAM).await.len();
@@ -462,9 +531,8 @@ async fn kill_between_acknowledgement_and_save() -> (HashMap<i64, Vec<String>>, 
         )
         .await;
     assert_eq!(recorded, 0, "nothing saved before the kill");
-    service.kill().expect("SIGKILL");
-    service.wait().expect("the service ended");
-    hold.rollback().await.expect("the lock released");
+    service.kill();
+    hold.release().await;
     eprintln!("killed with {published} messages acknowledged and none saved");
 
     // The one fixed wait: JetStream's duplicate window (1 s here) passes, so that only the
@@ -487,8 +555,7 @@ async fn kill_between_acknowledgement_and_save() -> (HashMap<i64, Vec<String>>, 
     wait_for_destination(&db.url, "nothing pending", |d| d["pending"] == 0).await;
     let counts = exactly_once(&expected, &read_stream(&js, STREAM).await);
     eprintln!("once nothing is pending: {counts:?}");
-    let _ = service.kill();
-    let _ = service.wait();
+    service.kill();
     (expected, counts)
 }
 
