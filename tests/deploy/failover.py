@@ -20,8 +20,6 @@ Python with nats-py:
 """
 
 import argparse
-import asyncio
-import collections
 import glob
 import json
 import os
@@ -32,12 +30,9 @@ import tempfile
 import threading
 import time
 
-import nats
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import StorageType
-
+from broker import Broker, check_stream
 from fleet import (Clients, Instance, check_database, fail, fail_on, free_port, prepare_database,
-                   psql, wait_until)
+                   wait_until)
 
 WHAT = "failover"
 BACK_WITHIN = 5.0  # seconds from a primary accepting writes to 204s again
@@ -155,97 +150,6 @@ class Cluster:
         subprocess.run(["pkill", "-KILL", "-f", f"{self.work}/"], capture_output=True)
 
 
-class Broker:
-    """A `nats-server -js` of the run's own, storing in `work`, with a stream PLANTS on
-    plantstore.plants.> that the service's stream destination publishes to."""
-
-    STREAM = "PLANTS"
-
-    def __init__(self, work):
-        self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        log = open(os.path.join(work, "nats.log"), "w")
-        self.process = subprocess.Popen(
-            ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd",
-             os.path.join(work, "nats")], stdout=log, stderr=subprocess.STDOUT)
-        if not wait_until(lambda: asyncio.run(self._answers()), 30):
-            fail(WHAT, "nats-server never answered")
-        asyncio.run(self._add_stream())
-
-    async def _answers(self):
-        async def quiet(_error):
-            pass  # a refused connection while the server starts is expected, not news
-        try:
-            nc = await nats.connect(self.url, connect_timeout=1, allow_reconnect=False,
-                                    error_cb=quiet)
-        except Exception:  # noqa: BLE001 - not up yet, whatever the client says
-            return False
-        await nc.close()
-        return True
-
-    async def _add_stream(self):
-        nc = await nats.connect(self.url)
-        await nc.jetstream().add_stream(name=self.STREAM, subjects=["plantstore.plants.>"],
-                                        storage=StorageType.FILE)
-        await nc.close()
-
-    def read(self):
-        """Every message's (subject, Nats-Msg-Id), in stream order."""
-        return asyncio.run(self._read())
-
-    async def _read(self):
-        nc = await nats.connect(self.url)
-        sub = await nc.jetstream().pull_subscribe("plantstore.plants.>", durable="failover-check",
-                                                  stream=self.STREAM)
-        read = []
-        while True:
-            try:
-                messages = await sub.fetch(500, timeout=2)
-            except NatsTimeout:
-                break
-            for msg in messages:
-                read.append((msg.subject, msg.headers["Nats-Msg-Id"]))
-                await msg.ack()
-        await nc.close()
-        return read
-
-    def stop(self):
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-
-def check_stream(binary, uri, primary_url, broker):
-    """Waits until the destination has nothing pending, then compares the stream with the
-    deletion log on the primary: each entry once, each plant's in log order."""
-    env = dict(os.environ, DATABASE_URL=uri)
-
-    def nothing_pending():
-        out = subprocess.run([binary, "streams", "list", "--json"], env=env,
-                             capture_output=True, text=True)
-        listed = json.loads(out.stdout) if out.returncode == 0 else []
-        return len(listed) == 1 and listed[0]["pending"] == 0
-    if not wait_until(nothing_pending, 120):
-        fail(WHAT, "the stream destination still had events pending after 120 s")
-    expected = collections.defaultdict(list)
-    for line in psql(primary_url, "SELECT plant_id, id FROM plantstore_deletions ORDER BY id").split():
-        plant, entry = line.split("|")
-        expected[plant].append(f"deletion_{entry}")
-    messages = broker.read()
-    got = collections.defaultdict(list)
-    for subject, msg_id in messages:
-        got[subject.rsplit(".", 1)[-1]].append(msg_id)
-    entries = sum(len(ids) for ids in expected.values())
-    distinct = len({msg_id for _, msg_id in messages})
-    violations = sum(1 for plant, ids in expected.items() if got.get(plant) != ids)
-    violations += sum(1 for plant in got if plant not in expected)
-    print(f"exactly-once check, PostgreSQL failover and a SIGKILL of the primary, two instances: "
-          f"log entries {entries}, messages in the stream {len(messages)}, distinct ids {distinct}, "
-          f"per-plant order violations {violations}")
-    if not entries == len(messages) == distinct or violations:
-        fail(WHAT, "the stream does not hold every deletion log entry exactly once, in order")
-
-
 def timeline(name, answers, fault_at, writable_at, until):
     """Prints and checks one fault's answers (those from `fault_at` to `until`): the outage
     window and the time to 204s."""
@@ -345,7 +249,7 @@ def attempt(args):
     cluster, service, standby, broker = Cluster(work), None, None, None
     began = time.monotonic()
     try:
-        broker = Broker(work)
+        broker = Broker(work, WHAT)
         cluster.start()
         uri = cluster.uri()
         print(f"pg_auto_failover up in {time.monotonic() - began:.0f} s: {cluster.states()}")
@@ -401,7 +305,8 @@ def attempt(args):
         problems, landed = check_database(cluster.node_url(node_b), clients.answers, args.plants)
         print(f"503 answers whose commit had been sent and landed (the log has them): {landed}")
         fail_on(WHAT, problems, "disagreements between the answers and the primary")
-        check_stream(args.binary, uri, cluster.node_url(node_b), broker)
+        check_stream(args.binary, uri, cluster.node_url(node_b), broker,
+                     "PostgreSQL failover and a SIGKILL of the primary, two instances")
         print(f"ok: every 204 is gone on the primary and audited once, nothing else is gone; "
               f"the service was never restarted ({time.monotonic() - began:.0f} s in all)")
         return None

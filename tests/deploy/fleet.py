@@ -1,5 +1,6 @@
 """What the deploy tests share: running `plantstore` instances, clients deleting through
-HTTP on kept-alive connections, and checking every answer against the database."""
+HTTP on kept-alive connections, checking every answer against the database, and test hosts
+whose network fails on cue."""
 
 import collections
 import http.client
@@ -8,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -235,3 +237,106 @@ def fail_on(what, problems, summary):
         for problem in problems[:10]:
             print(f"  {problem}", file=sys.stderr)
         fail(what, f"{len(problems)} {summary}")
+
+
+def sh(*args, check=True):
+    return subprocess.run(args, check=check, capture_output=True, text=True)
+
+
+class TestHost:
+    """A network namespace with one veth to this one: this side is `<subnet>.1`, the host
+    `<subnet>.2` (`address`). nftables inside it decides what reaches it. Needs root."""
+
+    def __init__(self, subnet):
+        tag = uuid.uuid4().hex[:6]
+        self.name, self.outer, self.inner = f"psr{tag}", f"psr{tag}h", f"psr{tag}n"
+        self.address = f"{subnet}.2"
+        sh("ip", "netns", "add", self.name)
+        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        sh("ip", "link", "set", self.inner, "netns", self.name)
+        sh("ip", "addr", "add", f"{subnet}.1/30", "dev", self.outer)
+        sh("ip", "link", "set", self.outer, "up")
+        self.run("ip", "addr", "add", f"{self.address}/30", "dev", self.inner)
+        self.run("ip", "link", "set", self.inner, "up")
+        self.run("ip", "link", "set", "lo", "up")
+        self.run("nft", "add", "table", "inet", "plantstore_test")
+        self.run("nft", "add chain inet plantstore_test input "
+                        "{ type filter hook input priority 0; }")
+
+    def run(self, *args):
+        return sh("ip", "netns", "exec", self.name, *args)
+
+    def link(self, rule):
+        """Every packet arriving at the host passes `rule` (None: all pass)."""
+        self.run("nft", "flush", "chain", "inet", "plantstore_test", "input")
+        if rule:
+            self.run("nft", f"add rule inet plantstore_test input {rule}")
+
+    def remove(self):
+        sh("ip", "netns", "del", self.name, check=False)
+        sh("ip", "link", "del", self.outer, check=False)
+
+
+def on_both_backends_behind_a_test_host(subnet, work, name, run):
+    """`run(url, label, work, host)` on both backends (`on_both_backends`), with one TestHost
+    on `subnet` made for them and removed after; `work` is a temporary folder unless given."""
+    host = TestHost(subnet)
+    try:
+        with tempfile.TemporaryDirectory() as temporary:
+            folder = work or temporary
+            on_both_backends(lambda url, label: run(url, label, folder, host), folder, name)
+    finally:
+        host.remove()
+
+
+class Deleter:
+    """Deletes one plant every `every` seconds; each second one deleted plant is restored
+    and deleted again. Keeps each delete's status, latency and phase (set from outside)."""
+
+    def __init__(self, binary, url, port, token, env, every=0.02):
+        self.binary, self.url, self.port, self.token, self.env = binary, url, port, token, env
+        self.every = every
+        self.answers = []  # (phase, status, seconds)
+        self.phase = "before"
+        self.stop = threading.Event()
+        self.restored = []
+        self.thread = threading.Thread(target=self.run)
+
+    def delete(self, conn, plant):
+        started = time.monotonic()
+        conn.request("DELETE", f"/plants/{plant}",
+                     headers={"Authorization": f"Bearer {self.token}"})
+        answer = conn.getresponse()
+        answer.read()
+        self.answers.append((self.phase, answer.status, time.monotonic() - started))
+
+    def run(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        plant, last_restore = 0, time.monotonic()
+        while not self.stop.is_set():
+            plant += 1
+            self.delete(conn, plant)
+            if time.monotonic() - last_restore >= 1 and plant > 10:
+                last_restore = time.monotonic()
+                again = plant - 5
+                entry = psql_or_sqlite(self.url, "SELECT id FROM plantstore_deletions "
+                                                 f"WHERE plant_id = {again}")[-1]
+                subprocess.run([self.binary, "deletions", "restore", entry, "--by", "test"],
+                               env=self.env, check=True, capture_output=True)
+                self.delete(conn, again)
+                self.restored.append(again)
+            time.sleep(self.every)
+        conn.close()
+
+    def latency_by_phase(self):
+        """{phase: (p50, p99)} of the deletes' seconds."""
+        by_phase = collections.defaultdict(list)
+        for phase, _, seconds in self.answers:
+            by_phase[phase].append(seconds)
+        return {phase: (percentile(times, 50), percentile(times, 99))
+                for phase, times in by_phase.items()}
+
+
+def percentile(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(len(values) * p / 100))] if values else 0.0

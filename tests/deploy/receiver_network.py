@@ -27,57 +27,19 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 
-from fleet import (Instance, fail, free_port, on_both_backends, prepare_database,
-                   psql_or_sqlite, wait_until)
+from fleet import (Deleter, Instance, fail, free_port, on_both_backends_behind_a_test_host,
+                   prepare_database, psql_or_sqlite, wait_until)
 
 WHAT = "receiver network"
-HOST_ADDRESS, RECEIVER_ADDRESS = "10.77.0.1", "10.77.0.2"
+SUBNET = "10.77.0"
+RECEIVER_ADDRESS = f"{SUBNET}.2"  # the test host's, as TestHost gives it
 PHASES = [("silent", "drop"), ("lossy", "numgen random mod 100 < 20 drop"), ("healed", None)]
 PHASE_S = 15
 TIMEOUT_S = 3
 RETRY_MAX_S = 5
-DELETE_EVERY_S = 0.02
-
-
-def sh(*args, check=True):
-    return subprocess.run(args, check=check, capture_output=True, text=True)
-
-
-class TestHost:
-    """A namespace with one veth to this one; nftables inside it decides what reaches it."""
-
-    def __init__(self):
-        tag = uuid.uuid4().hex[:6]
-        self.name, self.outer, self.inner = f"psr{tag}", f"psr{tag}h", f"psr{tag}n"
-        sh("ip", "netns", "add", self.name)
-        sh("ip", "link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
-        sh("ip", "link", "set", self.inner, "netns", self.name)
-        sh("ip", "addr", "add", f"{HOST_ADDRESS}/30", "dev", self.outer)
-        sh("ip", "link", "set", self.outer, "up")
-        self.run("ip", "addr", "add", f"{RECEIVER_ADDRESS}/30", "dev", self.inner)
-        self.run("ip", "link", "set", self.inner, "up")
-        self.run("ip", "link", "set", "lo", "up")
-        self.run("nft", "add", "table", "inet", "plantstore_test")
-        self.run("nft", "add chain inet plantstore_test input "
-                        "{ type filter hook input priority 0; }")
-
-    def run(self, *args):
-        return sh("ip", "netns", "exec", self.name, *args)
-
-    def link(self, rule):
-        """Every packet arriving at the host passes `rule` (None: all pass)."""
-        self.run("nft", "flush", "chain", "inet", "plantstore_test", "input")
-        if rule:
-            self.run("nft", f"add rule inet plantstore_test input {rule}")
-
-    def remove(self):
-        sh("ip", "netns", "del", self.name, check=False)
-        sh("ip", "link", "del", self.outer, check=False)
 
 
 class Receiver(http.server.ThreadingHTTPServer):
@@ -117,45 +79,6 @@ def serve(port, secret, log):
     server = Receiver((RECEIVER_ADDRESS, port), Handler)
     server.secret, server.lock, server.log = secret, threading.Lock(), open(log, "a")
     server.serve_forever()
-
-
-class Deleter:
-    """Deletes one plant every DELETE_EVERY_S; each second one deleted plant is restored and
-    deleted again. Keeps each delete's status, latency and phase."""
-
-    def __init__(self, binary, url, port, token, env):
-        self.binary, self.url, self.port, self.token, self.env = binary, url, port, token, env
-        self.answers = []  # (phase, status, seconds)
-        self.phase = "before"
-        self.stop = threading.Event()
-        self.restored = []
-        self.thread = threading.Thread(target=self.run)
-
-    def delete(self, conn, plant):
-        started = time.monotonic()
-        conn.request("DELETE", f"/plants/{plant}",
-                     headers={"Authorization": f"Bearer {self.token}"})
-        answer = conn.getresponse()
-        answer.read()
-        self.answers.append((self.phase, answer.status, time.monotonic() - started))
-
-    def run(self):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        plant, last_restore = 0, time.monotonic()
-        while not self.stop.is_set():
-            plant += 1
-            self.delete(conn, plant)
-            if time.monotonic() - last_restore >= 1 and plant > 10:
-                last_restore = time.monotonic()
-                again = plant - 5
-                entry = psql_or_sqlite(self.url, "SELECT id FROM plantstore_deletions "
-                                                 f"WHERE plant_id = {again}")[-1]
-                subprocess.run([self.binary, "deletions", "restore", entry, "--by", "test"],
-                               env=self.env, check=True, capture_output=True)
-                self.delete(conn, again)
-                self.restored.append(again)
-            time.sleep(DELETE_EVERY_S)
-        conn.close()
 
 
 def scenario(binary, url, work, label, host):
@@ -218,11 +141,7 @@ def scenario(binary, url, work, label, host):
     counts = collections.Counter(r["id"] for r in got)
     repeats = sum(n - 1 for n in counts.values())
     statuses = collections.Counter(status for _, status, _ in deleter.answers)
-    by_phase = collections.defaultdict(list)
-    for phase, _, seconds in deleter.answers:
-        by_phase[phase].append(seconds)
-    latency = {phase: (percentile(times, 50), percentile(times, 99))
-               for phase, times in by_phase.items()}
+    latency = deleter.latency_by_phase()
     last_event = max(first.values())
     print(f"{label}: {len(deleter.answers)} deletes {dict(statuses)}; latency p50/p99 ms by "
           + ", ".join(f"{p} {a * 1000:.1f}/{b * 1000:.1f}" for p, (a, b) in latency.items())
@@ -253,11 +172,6 @@ def scenario(binary, url, work, label, host):
         fail(WHAT, f"{label}: plants whose events arrived out of order: {out_of_order[:5]}")
 
 
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * p / 100))] if values else 0.0
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--binary", default="target/debug/plantstore")
@@ -269,14 +183,9 @@ def main():
     if args.serve:
         return serve(args.serve, args.secret, args.log)
     binary = os.path.abspath(args.binary)
-    host = TestHost()
-    try:
-        with tempfile.TemporaryDirectory() as temporary:
-            work = args.work or temporary
-            on_both_backends(lambda url, label: scenario(binary, url, work, label, host),
-                             work, "network")
-    finally:
-        host.remove()
+    on_both_backends_behind_a_test_host(
+        SUBNET, args.work, "network",
+        lambda url, label, work, host: scenario(binary, url, work, label, host))
     print("ok: through a silent link and a lossy one, every event arrived after the heal, "
           "in order per plant, and deletes were answered as usual")
 
