@@ -300,7 +300,8 @@ class Deleter:
         self.phase = "before"
         self.stop = threading.Event()
         self.restored = []
-        self.thread = threading.Thread(target=self.run)
+        # A daemon, so that a scenario stopped by an error does not hang on it.
+        self.thread = threading.Thread(target=self.run, daemon=True)
 
     def delete(self, conn, plant):
         started = time.monotonic()
