@@ -1,8 +1,8 @@
 //! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
-//! route table, the operation, the error map) and `webhooks` (deletion events delivered to
-//! endpoints); `auth` (who is calling) and `telemetry` (logs, traces, metrics);
+//! route table, the operation, the error map), `webhooks` (deletion events delivered to
+//! endpoints) and `retention` (the deletion log kept to its retention); `auth` (who is calling) and `telemetry` (logs, traces, metrics);
 //! `connection_limits` (client connections below HTTP); `database` (the backend crates
 //! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the
 //! tests and fuzz use.
@@ -13,6 +13,7 @@ pub mod config;
 pub mod connection_limits;
 pub mod database;
 pub mod http;
+mod retention;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

@@ -11,6 +11,7 @@ use crate::{
     config::{Config, ServeConfig},
     database,
     http::{self, Documents},
+    retention::Retention,
     state::AppState,
     telemetry::Metrics,
     webhooks::Deliveries,
@@ -27,6 +28,7 @@ pub struct Application {
     state: AppState,
     initial_token: Option<String>,
     deliveries: Deliveries,
+    retention: Option<Retention>,
 }
 
 impl Application {
@@ -45,12 +47,18 @@ impl Application {
             .await
             .context("cannot create the initial token")?;
         let jwt = JwtVerifier::from_config(&config.serve.jwt).await?;
+        let owner: Arc<str> = lease_owner(address).into();
         let deliveries = Deliveries {
             store: Arc::clone(&store),
             config: config.serve.webhooks.clone(),
             metrics: Arc::clone(&metrics),
-            owner: lease_owner(address).into(),
+            owner: Arc::clone(&owner),
         };
+        let retention = config.serve.deletion_retention.0.map(|kept| Retention {
+            store: Arc::clone(&store),
+            kept,
+            owner,
+        });
         let state = AppState::new(store, &config.serve, metrics, jwt);
         Ok(Self {
             acceptor,
@@ -61,6 +69,7 @@ impl Application {
             state,
             initial_token,
             deliveries,
+            retention,
         })
     }
 
@@ -91,6 +100,9 @@ impl Application {
         let draining = self.state.draining.clone();
         let delay = self.config.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).fold_histograms());
+        let retention = self
+            .retention
+            .map(|retention| tokio::spawn(retention.run()));
         let (halt, halted) = tokio::sync::oneshot::channel::<()>();
         let deliveries = tokio::spawn(self.deliveries.run(async {
             let _ = halted.await;
@@ -133,6 +145,9 @@ impl Application {
             }
         };
         upkeep.abort();
+        if let Some(retention) = retention {
+            retention.abort();
+        }
         let _ = halt.send(());
         let _ = deliveries.await;
         store.close().await;
@@ -140,8 +155,8 @@ impl Application {
     }
 }
 
-/// This instance's name in webhook leases: its host and the address it serves on, which
-/// no other running instance has.
+/// This instance's name in leases (webhook endpoints, the log's retention): its host and
+/// the address it serves on, which no other running instance has.
 fn lease_owner(address: SocketAddr) -> String {
     let host = nix::unistd::gethostname()
         .ok()

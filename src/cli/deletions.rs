@@ -8,7 +8,7 @@ use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store, time::before_now};
 
 use super::output::{out, time};
-use crate::{config::parse_duration, webhooks::EntryJson};
+use crate::{config::parse_duration, retention, webhooks::EntryJson};
 
 #[derive(Debug, Subcommand)]
 pub enum DeletionsCommand {
@@ -83,7 +83,7 @@ pub(super) async fn run(store: &dyn Store, command: DeletionsCommand) -> anyhow:
             out!("restored plant {plant_id} from deletion {deletion_id}, by '{by}'");
         }
         DeletionsCommand::Prune { older_than } => {
-            let pruned = store.prune_deletions(ago(older_than)?).await?;
+            let pruned = retention::prune(store, ago(older_than)?, || async { Ok(true) }).await?;
             out!(
                 "pruned {pruned} deletion log entries older than {}",
                 humantime::format_duration(older_than)

@@ -8,7 +8,8 @@ use std::{net::SocketAddr, time::Duration};
 use clap::{ArgAction, builder::BoolishValueParser};
 
 pub use values::{
-    AdminListen, Backend, CorsOrigins, DatabaseUrl, LogFormat, RateLimit, Secret, parse_duration,
+    AdminListen, Backend, CorsOrigins, DatabaseUrl, LogFormat, RateLimit, Retention, Secret,
+    parse_duration,
 };
 
 /// The settings every command reads: the database, how to reach it, how to log. Each
@@ -117,6 +118,13 @@ pub struct ServeConfig {
           value_parser = parse_duration)]
     pub idempotency_ttl: Duration,
 
+    /// How long the deletion log keeps an entry: older ones are pruned by the running
+    /// service, in small batches, once no destination still needs them; at least
+    /// PLANTSTORE_IDEMPOTENCY_TTL (`off`, empty or unset: kept until `plantstore deletions
+    /// prune`)
+    #[arg(long, env = "PLANTSTORE_DELETION_RETENTION", default_value = "off")]
+    pub deletion_retention: Retention,
+
     /// Origins whose web pages may call the service from a browser: `*`, or a comma list
     /// such as https://shop.example,http://localhost:3000 (`off`, empty or unset: none)
     #[arg(long, env = "PLANTSTORE_CORS_ALLOWED_ORIGINS", default_value = "off")]
@@ -180,7 +188,15 @@ impl ServeConfig {
     /// made by its parser): in one line naming what to change.
     pub fn check(&self) -> Result<(), String> {
         self.jwt.check()?;
-        self.webhooks.check()
+        self.webhooks.check()?;
+        match self.deletion_retention {
+            Retention(Some(kept)) if kept < self.idempotency_ttl => Err(format!(
+                "PLANTSTORE_DELETION_RETENTION ({}) must be at least PLANTSTORE_IDEMPOTENCY_TTL ({}): a retry within the TTL is answered from the log entry",
+                humantime::format_duration(kept),
+                humantime::format_duration(self.idempotency_ttl)
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -283,5 +299,7 @@ mod tests {
             Duration::from_secs(3600)
         );
         assert!(config.serve.webhooks.check().is_ok());
+        assert_eq!(config.serve.deletion_retention, Retention(None));
+        assert!(config.serve.check().is_ok());
     }
 }

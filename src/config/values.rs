@@ -45,6 +45,27 @@ impl FromStr for RateLimit {
     }
 }
 
+/// `PLANTSTORE_DELETION_RETENTION`: how long the deletion log keeps an entry before the
+/// running service prunes it (`off`, empty or unset: until `plantstore deletions prune`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Retention(pub Option<Duration>);
+
+impl FromStr for Retention {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text.trim() {
+            "" | "off" => Ok(Self(None)),
+            duration => match parse_duration(duration)? {
+                zero if zero.is_zero() => {
+                    Err("write a duration above zero, such as 90d, or off".into())
+                }
+                kept => Ok(Self(Some(kept))),
+            },
+        }
+    }
+}
+
 /// `PLANTSTORE_CORS_ALLOWED_ORIGINS`: which browser origins may call the service.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum CorsOrigins {
@@ -265,6 +286,18 @@ mod tests {
         assert_eq!("100".parse(), Ok(RateLimit(NonZeroU32::new(100))));
         assert!("0".parse::<RateLimit>().is_err());
         assert!("fast".parse::<RateLimit>().is_err());
+    }
+
+    #[test]
+    fn a_retention_is_off_or_a_duration_above_zero() {
+        assert_eq!("".parse(), Ok(Retention(None)));
+        assert_eq!("off".parse(), Ok(Retention(None)));
+        assert_eq!(
+            "90d".parse(),
+            Ok(Retention(Some(Duration::from_secs(90 * 86_400))))
+        );
+        assert!("0s".parse::<Retention>().is_err());
+        assert!("forever".parse::<Retention>().is_err());
     }
 
     #[test]

@@ -187,7 +187,7 @@ async fn commands_on_postgres_print_no_migration_notices() {
 fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
-    let cases: [(&str, &str, &str, &str); 16] = [
+    let cases: [(&str, &str, &str, &str); 18] = [
         (
             "DATABASE_URL",
             "mysql://root@localhost/plants",
@@ -252,6 +252,13 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "PLANTSTORE_WEBHOOK_RETRY_MIN",
             "0s",
             "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX",
+            "",
+        ),
+        ("PLANTSTORE_DELETION_RETENTION", "0s", "invalid value", ""),
+        (
+            "PLANTSTORE_DELETION_RETENTION",
+            "1h",
+            "PLANTSTORE_DELETION_RETENTION (1h) must be at least PLANTSTORE_IDEMPOTENCY_TTL (1day)",
             "",
         ),
     ];

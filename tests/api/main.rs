@@ -24,6 +24,7 @@ mod metrics;
 mod ops;
 mod outage;
 mod reference;
+mod retention;
 mod routing;
 mod scale_out;
 mod security;

@@ -1,5 +1,7 @@
 //! The deletion log: listing it, putting a deleted plant back, pruning old entries.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
@@ -101,24 +103,53 @@ impl DeletionLog for PostgresStore {
     }
 
     #[tracing::instrument(skip(self))]
-    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
         // restore.
         let done = sqlx::query!(
-            "DELETE FROM plantstore_deletions d
-         WHERE d.deleted_at < $1
-           AND NOT EXISTS (
-               SELECT 1 FROM plantstore_webhook_endpoints e
-               WHERE e.state <> 'disabled'
-                 AND ((d.xid::TEXT::BIGINT, 0::BIGINT, d.id)
-                          > (e.cursor_pos, e.cursor_kind, e.cursor_id)
-                      OR (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
-                          > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
-            before
+            "DELETE FROM plantstore_deletions WHERE id IN (
+             SELECT d.id FROM plantstore_deletions d
+             WHERE d.deleted_at < $1
+               AND NOT EXISTS (
+                   SELECT 1 FROM plantstore_webhook_endpoints e
+                   WHERE e.state <> 'disabled'
+                     AND ((d.xid::TEXT::BIGINT, 0::BIGINT, d.id)
+                              > (e.cursor_pos, e.cursor_kind, e.cursor_id)
+                          OR (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
+                              > (e.cursor_pos, e.cursor_kind, e.cursor_id)))
+             ORDER BY d.id LIMIT $2)",
+            before,
+            limit
         )
         .execute(&mut *self.db.conn().await?)
         .await
         .map_err(|err| self.db.error(err))?;
         Ok(done.rows_affected())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim_chore(
+        &self,
+        name: &str,
+        owner: &str,
+        length: Duration,
+    ) -> Result<bool, StoreError> {
+        // The database's clock, not the instances': theirs may disagree.
+        let held = sqlx::query_scalar!(
+            "INSERT INTO plantstore_leases (name, owner, expires_at)
+             VALUES ($1, $2, now() + make_interval(secs => $3))
+             ON CONFLICT (name) DO UPDATE
+             SET owner = excluded.owner, expires_at = excluded.expires_at
+             WHERE plantstore_leases.owner = excluded.owner
+                OR plantstore_leases.expires_at < now()
+             RETURNING owner",
+            name,
+            owner,
+            length.as_secs_f64()
+        )
+        .fetch_optional(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(held.is_some())
     }
 }

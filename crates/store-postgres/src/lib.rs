@@ -112,6 +112,7 @@ impl Store for PostgresStore {
                    (to_regclass('plantstore_tokens') IS NOT NULL
                     AND to_regclass('plantstore_webhook_endpoints') IS NOT NULL
                     AND to_regclass('plantstore_stream_subjects') IS NOT NULL
+                    AND to_regclass('plantstore_leases') IS NOT NULL
                     AND EXISTS (SELECT 1 FROM pg_attribute
                                 WHERE attrelid = to_regclass('plantstore_deletions')
                                   AND attname = 'snapshot' AND NOT attisdropped)

@@ -1,10 +1,13 @@
 //! The deletion log: listing it, putting a deleted plant back, pruning old entries.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
     DeletionFilter, DeletionLog, DeletionRecord, RestoreError, StoreError,
     backend::{EntryState, column_changes},
+    time::{LAST_STORABLE_TIME, storable_after},
 };
 use sqlx::{Connection, SqliteConnection};
 
@@ -49,30 +52,60 @@ impl DeletionLog for SqliteStore {
     }
 
     #[tracing::instrument(skip(self))]
-    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
+    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
         // restore. While any endpoint exists, the newest entry and the latest restored stay
         // too: a new row gets the highest id plus one, a new restore the highest restored_seq
         // plus one, and either going back would put new events behind the endpoints' cursors.
         let done = sqlx::query!(
-            "DELETE FROM plantstore_deletions AS d
-         WHERE d.deleted_at < ?1
-           AND ((d.id < (SELECT MAX(id) FROM plantstore_deletions)
-                 AND (d.restored_seq IS NULL
-                      OR d.restored_seq < (SELECT MAX(restored_seq) FROM plantstore_deletions)))
-                OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
-           AND NOT EXISTS (
-               SELECT 1 FROM plantstore_webhook_endpoints e
-               WHERE e.state <> 'disabled'
-                 AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
-                      OR (d.restored_pos, 1, d.restored_seq)
-                         > (e.cursor_pos, e.cursor_kind, e.cursor_id)))",
-            before
+            "DELETE FROM plantstore_deletions WHERE id IN (
+             SELECT d.id FROM plantstore_deletions AS d
+             WHERE d.deleted_at < ?1
+               AND ((d.id < (SELECT MAX(id) FROM plantstore_deletions)
+                     AND (d.restored_seq IS NULL
+                          OR d.restored_seq < (SELECT MAX(restored_seq) FROM plantstore_deletions)))
+                    OR NOT EXISTS (SELECT 1 FROM plantstore_webhook_endpoints))
+               AND NOT EXISTS (
+                   SELECT 1 FROM plantstore_webhook_endpoints e
+                   WHERE e.state <> 'disabled'
+                     AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
+                          OR (d.restored_pos, 1, d.restored_seq)
+                             > (e.cursor_pos, e.cursor_kind, e.cursor_id)))
+             ORDER BY d.id LIMIT ?2)",
+            before,
+            limit
         )
         .execute(self.write_connection.lock().await?.conn()?)
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn claim_chore(
+        &self,
+        name: &str,
+        owner: &str,
+        length: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = Utc::now();
+        let until = storable_after(now, length).unwrap_or(LAST_STORABLE_TIME);
+        let held = sqlx::query_scalar!(
+            "INSERT INTO plantstore_leases (name, owner, expires_at) VALUES (?1, ?2, ?3)
+             ON CONFLICT (name) DO UPDATE
+             SET owner = excluded.owner, expires_at = excluded.expires_at
+             WHERE plantstore_leases.owner = excluded.owner
+                OR plantstore_leases.expires_at < ?4
+             RETURNING owner",
+            name,
+            owner,
+            until,
+            now
+        )
+        .fetch_optional(self.write_connection.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(held.is_some())
     }
 }
 

@@ -133,11 +133,12 @@ impl Store for SqliteStore {
                 (SELECT COUNT(*) FROM sqlite_master
                   WHERE type = 'table' AND name IN ('plantstore_tokens', 'plantstore_deletions',
                                                  'plantstore_webhook_endpoints',
-                                                 'plantstore_stream_subjects'))
+                                                 'plantstore_stream_subjects',
+                                                 'plantstore_leases'))
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_deletions')
                     WHERE name = 'snapshot')
                 + (SELECT COUNT(*) FROM pragma_table_info('plantstore_webhook_endpoints')
-                    WHERE name IN ('previous_secret', 'subject_prefix')) = 7 AS "has_own_tables!: bool""#
+                    WHERE name IN ('previous_secret', 'subject_prefix')) = 8 AS "has_own_tables!: bool""#
         )
         .fetch_one(&self.readers)
         .await

@@ -123,9 +123,20 @@ pub trait DeletionLog: Send + Sync {
     /// one transaction; returns the plant's id.
     async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError>;
 
-    /// Removes log entries deleted before `before`; their idempotency keys stop
-    /// replaying. Returns how many went.
-    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
+    /// Removes up to `limit` log entries deleted before `before`, oldest first, keeping
+    /// those a destination has yet to receive; their idempotency keys stop replaying.
+    /// Returns how many went: fewer than `limit` when no more can go now.
+    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError>;
+
+    /// Takes, or renews, the lease on the chore `name` for `owner` until `length` from now
+    /// (the database's clock where it has one); whether `owner` holds it now. Another
+    /// owner's lease is taken only once it has run out.
+    async fn claim_chore(
+        &self,
+        name: &str,
+        owner: &str,
+        length: std::time::Duration,
+    ) -> Result<bool, StoreError>;
 }
 
 /// The service's own API tokens; only their hashes are stored.

@@ -1,0 +1,7 @@
+-- Leases on the service's own chores, such as keeping the deletion log to its retention:
+-- the one instance doing each, until expires_at unless it renews.
+CREATE TABLE plantstore_leases (
+    name       TEXT PRIMARY KEY NOT NULL,
+    owner      TEXT NOT NULL,
+    expires_at TEXT NOT NULL
+);
