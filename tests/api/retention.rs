@@ -8,6 +8,7 @@ use std::time::Duration;
 use plantstore::config::Retention;
 
 use crate::{
+    fixtures::receiver::{Receiver, Reply},
     helpers::{
         Backend, TestApp, eventually, plantstore_on, serve_another, spawn_app, succeeded,
         test_config,
@@ -30,9 +31,21 @@ async fn entries(app: &TestApp, from: i64, to: i64) -> i64 {
     .expect("a count")
 }
 
+/// Events the one webhook endpoint has yet to receive, as `webhooks list` counts them.
+fn pending(app: &TestApp) -> i64 {
+    let out = succeeded(&plantstore_on(&app.db.url, &["webhooks", "list", "--json"]));
+    let listed: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+    listed[0]["pending"].as_i64().expect("a pending count")
+}
+
 async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
     let app = spawn_app(backend).await;
-    // More than one batch (500) of entries no destination needs.
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    succeeded(&plantstore_on(
+        &app.db.url,
+        &["webhooks", "add", receiver.url.as_str()],
+    ));
+    // More than one batch (500) of entries the endpoint has received.
     let plants: Vec<i64> = (1..=1240).collect();
     app.add_plants(&plants).await;
     for chunk in plants[40..].chunks(64) {
@@ -44,11 +57,12 @@ async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
     for plant in 1..=20 {
         assert_eq!(app.delete_id(plant).await.status(), 204);
     }
-    // An endpoint nothing answers at: what is deleted from now on waits for it.
-    succeeded(&plantstore_on(
-        &app.db.url,
-        &["webhooks", "add", "http://127.0.0.1:9/hooks"],
-    ));
+    eventually(Duration::from_secs(60), "every event received", || async {
+        (pending(&app) == 0).then_some(())
+    })
+    .await;
+    // The receiver fails from now on: what is deleted next waits for it.
+    receiver.set_default(Reply::Status(500));
     for plant in 21..=40 {
         assert_eq!(app.delete_id(plant).await.status(), 204);
     }
