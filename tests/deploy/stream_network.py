@@ -9,10 +9,12 @@ PostgreSQL:
 - every delete is answered 204, and its latency while the link is down stays that of a
   delete (the delete path does not wait on the broker);
 - while the link is silent, `streams list` shows the destination failing, with the reason;
-- once the deletes stop (3 s after the heal), nothing is pending within the attempt timeout
-  and the longest backoff (an attempt sent into the silence ends by its timeout, and its
-  retry waits at most that long), and a consumer reading the whole stream finds every log
-  event exactly once, each plant's in log order.
+- once the deletes stop (3 s after the heal), nothing is pending within DRAINED_WITHIN_S,
+  and a consumer reading the whole stream finds every log event exactly once, each plant's
+  in log order. Most runs drain in about 3.5 s after the heal. One CI run on PostgreSQL
+  still had events pending 16 s after it: the client keeps its TCP connection through the
+  partition, and that connection recovers on its own retransmission schedule. So the bound
+  is a minute, and the time is printed.
 
 Needs root (ip netns, nft) and a Python with nats-py; run from the repository root after
 `cargo test`:
@@ -36,6 +38,7 @@ PHASES = [("silent", "drop"), ("lossy", "numgen random mod 100 < 20 drop"), ("he
 PHASE_S = 15
 TIMEOUT_S = 3
 RETRY_MAX_S = 5
+DRAINED_WITHIN_S = 60
 
 
 def destination(binary, env):
@@ -84,7 +87,7 @@ def scenario(binary, url, work, label, host):
         deleter.thread.join()
         if not failing:
             fail(WHAT, f"{label}: the destination never showed failing while the link was silent")
-        drained = wait_for_nothing_pending(binary, url, TIMEOUT_S + RETRY_MAX_S + 5)
+        drained = wait_for_nothing_pending(binary, url, DRAINED_WITHIN_S)
         after_heal = time.monotonic() - healed_at
         statuses = collections.Counter(status for _, status, _ in deleter.answers)
         latency = deleter.latency_by_phase()
