@@ -2,7 +2,8 @@
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
 //! route table, the operation, the error map), `webhooks` (deletion events delivered to
-//! endpoints) and `retention` (the deletion log kept to its retention); `auth` (who is calling) and `telemetry` (logs, traces, metrics);
+//! endpoints) and `retention` (the deletion log kept to its retention); `auth` (who is
+//! calling) and `telemetry` (logs, traces, metrics);
 //! `connection_limits` (client connections below HTTP); `database` (the backend crates
 //! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the
 //! tests and fuzz use.

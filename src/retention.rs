@@ -6,7 +6,7 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use plantstore_store::{Store, StoreError};
+use plantstore_store::{Store, StoreError, time::before_now};
 
 /// The lease's name in `plantstore_leases`.
 const CHORE: &str = "deletion_log_retention";
@@ -60,10 +60,7 @@ impl Retention {
         rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             rounds.tick().await;
-            let Some(before) = chrono::Duration::from_std(self.kept)
-                .ok()
-                .and_then(|kept| Utc::now().checked_sub_signed(kept))
-            else {
+            let Some(before) = before_now(self.kept) else {
                 // A retention reaching back before any date: nothing is that old.
                 continue;
             };

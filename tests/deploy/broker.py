@@ -80,16 +80,18 @@ class Broker:
             self.process.wait()
 
 
+def destination(binary, service_url):
+    """The one stream destination as `streams list --json` shows it; {} if none is."""
+    out = subprocess.run([binary, "streams", "list", "--json"],
+                         env=dict(os.environ, DATABASE_URL=service_url), capture_output=True,
+                         text=True)
+    listed = json.loads(out.stdout) if out.returncode == 0 else []
+    return listed[0] if len(listed) == 1 else {}
+
+
 def wait_for_nothing_pending(binary, service_url, seconds):
     """Whether the one stream destination had nothing pending within `seconds`."""
-    env = dict(os.environ, DATABASE_URL=service_url)
-
-    def nothing_pending():
-        out = subprocess.run([binary, "streams", "list", "--json"], env=env,
-                             capture_output=True, text=True)
-        listed = json.loads(out.stdout) if out.returncode == 0 else []
-        return len(listed) == 1 and listed[0]["pending"] == 0
-    return wait_until(nothing_pending, seconds)
+    return wait_until(lambda: destination(binary, service_url).get("pending") == 0, seconds)
 
 
 def check_stream(binary, service_url, log_url, broker, case):

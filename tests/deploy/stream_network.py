@@ -24,12 +24,11 @@ Needs root (ip netns, nft) and a Python with nats-py; run from the repository ro
 
 import argparse
 import collections
-import json
 import os
 import subprocess
 import time
 
-from broker import Broker, check_stream, wait_for_nothing_pending
+from broker import Broker, check_stream, destination, wait_for_nothing_pending
 from fleet import (Deleter, Instance, fail, free_port, on_both_backends_behind_a_test_host,
                    prepare_database, wait_until)
 
@@ -39,13 +38,6 @@ PHASE_S = 15
 TIMEOUT_S = 3
 RETRY_MAX_S = 5
 DRAINED_WITHIN_S = 60
-
-
-def destination(binary, env):
-    out = subprocess.run([binary, "streams", "list", "--json"], env=env, capture_output=True,
-                         text=True)
-    listed = json.loads(out.stdout) if out.returncode == 0 else []
-    return listed[0] if listed else {}
 
 
 def scenario(binary, url, work, label, host):
@@ -72,9 +64,9 @@ def scenario(binary, url, work, label, host):
             deleter.phase = phase
             started = time.monotonic()
             if phase == "silent":
-                if wait_until(lambda: destination(binary, env).get("state") == "failing",
+                if wait_until(lambda: destination(binary, url).get("state") == "failing",
                               PHASE_S):
-                    failing = destination(binary, env)
+                    failing = destination(binary, url)
                     print(f"{label}: silent link: the destination {failing['state']}, "
                           f"last error: {failing['last_error']}")
                 time.sleep(max(0.0, PHASE_S - (time.monotonic() - started)))

@@ -60,7 +60,8 @@ fn add_endpoint(app: &TestApp, receiver: &Receiver, extra: &[&str]) -> i64 {
         .expect("the endpoint id")
 }
 
-fn endpoints(app: &TestApp) -> Vec<Value> {
+/// The endpoints as `webhooks list --json` shows them.
+pub fn endpoints(app: &TestApp) -> Vec<Value> {
     let out = succeeded(&plantstore(app, &["webhooks", "list", "--json"]));
     match serde_json::from_str(&out) {
         Ok(Value::Array(list)) => list,
