@@ -1,9 +1,10 @@
 //! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
-//! route table, the operation, the error map), `webhooks` (deletion events delivered to
-//! endpoints) and `retention` (the deletion log kept to its retention); `auth` (who is
-//! calling) and `telemetry` (logs, traces, metrics);
+//! route table, the operation, the error map), `health` (readiness, and the gauges read in
+//! the background), `webhooks` (deletion events delivered to endpoints) and `retention`
+//! (the deletion log kept to its retention); `auth` (who is calling) and `telemetry` (logs,
+//! traces, metrics);
 //! `connection_limits` (client connections below HTTP); `database` (the backend crates
 //! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the
 //! tests and fuzz use.
@@ -13,6 +14,7 @@ pub mod cli;
 pub mod config;
 pub mod connection_limits;
 pub mod database;
+mod health;
 pub mod http;
 mod retention;
 pub mod startup;

@@ -8,6 +8,8 @@ use std::{future::Future, sync::Arc, time::Duration};
 use chrono::{DateTime, Utc};
 use plantstore_store::{Store, StoreError, time::before_now};
 
+use crate::telemetry::Metrics;
+
 /// The lease's name in `plantstore_leases`.
 const CHORE: &str = "deletion_log_retention";
 /// How often the holder prunes, starting at the instance's start.
@@ -50,6 +52,7 @@ pub(crate) struct Retention {
     pub(crate) kept: Duration,
     /// This instance's name in the lease, as in the webhook leases.
     pub(crate) owner: Arc<str>,
+    pub(crate) metrics: Arc<Metrics>,
 }
 
 impl Retention {
@@ -68,6 +71,7 @@ impl Retention {
             match prune(self.store.as_ref(), before, holds).await {
                 Ok(0) => {}
                 Ok(pruned) => {
+                    self.metrics.pruned(pruned);
                     tracing::info!(pruned, %before, "pruned the deletion log to its retention")
                 }
                 Err(err) => {

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 use crate::{
     auth::{jwt::JwtVerifier, tokens},
     config::{Config, ServeConfig},
-    database,
+    database, health,
     http::{self, Documents},
     retention::Retention,
     state::AppState,
@@ -54,10 +54,15 @@ impl Application {
             metrics: Arc::clone(&metrics),
             owner: Arc::clone(&owner),
         };
+        metrics.settings(
+            config.serve.request_timeout,
+            config.serve.deletion_retention.0,
+        );
         let retention = config.serve.deletion_retention.0.map(|kept| Retention {
             store: Arc::clone(&store),
             kept,
             owner,
+            metrics: Arc::clone(&metrics),
         });
         let state = AppState::new(store, &config.serve, metrics, jwt);
         Ok(Self {
@@ -100,6 +105,7 @@ impl Application {
         let draining = self.state.draining.clone();
         let delay = self.config.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).fold_histograms());
+        let samples = tokio::spawn(health::sample(self.state.clone()));
         let retention = self
             .retention
             .map(|retention| tokio::spawn(retention.run()));
@@ -145,6 +151,7 @@ impl Application {
             }
         };
         upkeep.abort();
+        samples.abort();
         if let Some(retention) = retention {
             retention.abort();
         }

@@ -7,7 +7,7 @@ use poem::{
 use serde_json::{Value, json};
 
 use super::error::ApiError;
-use crate::{state::AppState, telemetry::TokenCacheCounts};
+use crate::{health::Readiness, state::AppState, telemetry::TokenCacheCounts};
 
 /// An answer from an endpoint that orchestrators and scrapers poll: its log line is quiet.
 #[derive(Debug, Clone, Copy)]
@@ -43,10 +43,11 @@ fn healthz() -> Json<Value> {
 #[handler]
 #[tracing::instrument(skip_all)]
 async fn readyz(state: Data<&AppState>) -> poem::Result<Json<Value>> {
-    if state.draining.is_on() {
+    let readiness = Readiness::check(&state).await;
+    if readiness.draining {
         return Err(ApiError::ShuttingDown.into());
     }
-    state.store.ping().await.map_err(ApiError::from)?;
+    readiness.database.map_err(ApiError::from)?;
     Ok(Json(json!({ "status": "ready" })))
 }
 

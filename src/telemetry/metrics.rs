@@ -1,15 +1,25 @@
 //! What `/metrics` shows, in Prometheus text: requests by route and status, their latency,
-//! deletions, authentication failures by reason, the database pool and queue, group-commit
-//! batch sizes and token-cache lookups. Each app has its own recorder (none is installed
-//! globally), so every instance, and every test, counts only its own requests.
+//! deletions, authentication failures by reason, readiness and the database's reach, the
+//! database pool and queue, group-commit batch sizes, token-cache lookups, delivery to each
+//! destination, the deletion log's size and retention, and the process's memory, CPU and
+//! descriptors. Each app has its own recorder (none is installed globally), so every
+//! instance, and every test, counts only its own requests. Every name is listed in
+//! docs/operations.md, which the alert rules and the dashboard in deploy/ are built on.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::Duration,
+};
 
 use ::metrics::{Counter, Histogram, Key, Label, Level, Metadata, Recorder, SharedString};
+use chrono::{DateTime, Utc};
 use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
-use plantstore_store::{CommitObserver, Store};
+use plantstore_store::{CommitObserver, EndpointState, LogSize, Store};
 
 const REQUESTS: &str = "plantstore_http_requests_total";
 const LATENCY: &str = "plantstore_http_request_duration_seconds";
@@ -23,6 +33,24 @@ const TOKEN_RELOADS: &str = "plantstore_token_cache_reloads_total";
 const WEBHOOK_DELIVERIES: &str = "plantstore_webhook_deliveries_total";
 const WEBHOOK_PENDING: &str = "plantstore_webhook_pending_events";
 const WEBHOOK_LAG: &str = "plantstore_webhook_delivery_lag_seconds";
+const WEBHOOK_STATE: &str = "plantstore_webhook_endpoint_state";
+const READY: &str = "plantstore_ready";
+const DATABASE_REACHABLE: &str = "plantstore_database_reachable";
+const DATABASE_HOSTS: &str = "plantstore_database_hosts";
+const HOST_CHANGES: &str = "plantstore_database_host_changes_total";
+const LOG_ENTRIES: &str = "plantstore_deletion_log_entries";
+const LOG_OLDEST_AGE: &str = "plantstore_deletion_log_oldest_entry_age_seconds";
+const RETENTION: &str = "plantstore_deletion_retention_seconds";
+const REQUEST_TIMEOUT: &str = "plantstore_request_timeout_seconds";
+const PRUNED: &str = "plantstore_deletion_log_pruned_total";
+const CPU_SECONDS: &str = "process_cpu_seconds_total";
+const RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
+const OPEN_FDS: &str = "process_open_fds";
+const MAX_FDS: &str = "process_max_fds";
+const THREADS: &str = "process_threads";
+const START_TIME: &str = "process_start_time_seconds";
+/// `oldest_entry_ms` when the log is empty, or not read yet.
+const NO_ENTRY: i64 = i64::MIN;
 /// How often histogram samples are folded into their buckets (see `fold_histograms`).
 const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
@@ -58,6 +86,9 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     deletions: Counter,
+    /// When the log's oldest entry was deleted (Unix ms) at the last read of its size, so
+    /// that its age is as of each scrape.
+    oldest_entry_ms: AtomicI64,
 }
 
 impl Metrics {
@@ -82,7 +113,7 @@ impl Metrics {
             .build_recorder();
         // Units stay out: the exporter writes them only with unit suffixes on, which would
         // rename every series.
-        let described: [(&str, &str); 12] = [
+        let described: &[(&str, &str)] = &[
             (
                 REQUESTS,
                 "HTTP requests answered, by route template, method and status",
@@ -125,8 +156,54 @@ impl Metrics {
                 WEBHOOK_LAG,
                 "Time from an event's commit to its receiver's 2xx, by endpoint id",
             ),
+            (
+                WEBHOOK_STATE,
+                "1 for each destination's state (active, failing, disabled), 0 for the others, by endpoint id (read every 5 s)",
+            ),
+            (
+                READY,
+                "1 while /readyz would answer 200: the database answers and no shutdown is asked for (checked every 5 s)",
+            ),
+            (
+                DATABASE_REACHABLE,
+                "1 while the database answers a ping (checked every 5 s)",
+            ),
+            (
+                DATABASE_HOSTS,
+                "Hosts the database URL names (1 for SQLite)",
+            ),
+            (
+                HOST_CHANGES,
+                "Times new database connections moved to another host of the URL (a failover) since start",
+            ),
+            (LOG_ENTRIES, "Entries in the deletion log (read every 60 s)"),
+            (
+                LOG_OLDEST_AGE,
+                "Age of the deletion log's oldest entry, 0 when it is empty (read every 60 s)",
+            ),
+            (
+                RETENTION,
+                "PLANTSTORE_DELETION_RETENTION in seconds; 0 when it is off",
+            ),
+            (
+                REQUEST_TIMEOUT,
+                "PLANTSTORE_REQUEST_TIMEOUT in seconds: each request's deadline",
+            ),
+            (
+                PRUNED,
+                "Deletion log entries pruned to the retention by this instance",
+            ),
+            (CPU_SECONDS, "User and system CPU time of this process"),
+            (RESIDENT_MEMORY, "Resident memory of this process"),
+            (OPEN_FDS, "Open file descriptors of this process"),
+            (MAX_FDS, "This process's limit on open file descriptors"),
+            (THREADS, "OS threads of this process"),
+            (
+                START_TIME,
+                "When this process started, since the Unix epoch",
+            ),
         ];
-        for (name, help) in described {
+        for &(name, help) in described {
             recorder.describe_counter(name.into(), None, help.into());
         }
         let handle = recorder.handle();
@@ -135,7 +212,35 @@ impl Metrics {
             recorder,
             handle,
             deletions,
+            oldest_entry_ms: AtomicI64::new(NO_ENTRY),
         })
+    }
+
+    /// The settings the alert rules compare with, set once at start.
+    pub fn settings(&self, request_timeout: Duration, retention: Option<Duration>) {
+        self.gauge(REQUEST_TIMEOUT)
+            .set(request_timeout.as_secs_f64());
+        self.gauge(RETENTION)
+            .set(retention.map_or(0.0, |kept| kept.as_secs_f64()));
+    }
+
+    pub fn pruned(&self, entries: u64) {
+        self.recorder
+            .register_counter(&Key::from_name(PRUNED), &METADATA)
+            .increment(entries);
+    }
+
+    /// The last readiness check's outcome.
+    pub fn health(&self, ready: bool, database_reachable: bool) {
+        self.gauge(READY).set(f64::from(u8::from(ready)));
+        self.gauge(DATABASE_REACHABLE)
+            .set(f64::from(u8::from(database_reachable)));
+    }
+
+    pub fn log_size(&self, size: LogSize) {
+        self.gauge(LOG_ENTRIES).set(size.entries as f64);
+        let oldest = size.oldest.map_or(NO_ENTRY, |at| at.timestamp_millis());
+        self.oldest_entry_ms.store(oldest, Ordering::Relaxed);
     }
 
     /// What the store tells each group-commit batch's size.
@@ -196,6 +301,23 @@ impl Metrics {
             .set(pending as f64);
     }
 
+    /// One destination's state, as the last count read it; `None` for one removed.
+    pub fn webhook_state(&self, endpoint: &str, state: Option<EndpointState>) {
+        for each in [
+            EndpointState::Active,
+            EndpointState::Failing,
+            EndpointState::Disabled,
+        ] {
+            let labels = vec![
+                Label::new("endpoint", endpoint.to_owned()),
+                Label::new("state", each.as_str()),
+            ];
+            self.recorder
+                .register_gauge(&Key::from_parts(WEBHOOK_STATE, labels), &METADATA)
+                .set(f64::from(u8::from(state == Some(each))));
+        }
+    }
+
     /// Folds the histogram samples recorded since the last time into their buckets, for
     /// ever. The exporter keeps every sample until then, so without this its memory grows
     /// with every request between scrapes (bench/RESULTS.md, "Figures moved out of code
@@ -209,9 +331,19 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text, with the pool, the queue and the token cache's counts read now.
+    /// The Prometheus text, with the pool, the queue, the token cache's counts, the oldest
+    /// entry's age and the process's figures read now.
     pub fn render(&self, store: &dyn Store, tokens: TokenCacheCounts) -> String {
         let stats = store.stats();
+        self.gauge(DATABASE_HOSTS).set(stats.database_hosts as f64);
+        self.recorder
+            .register_counter(&Key::from_name(HOST_CHANGES), &METADATA)
+            .absolute(stats.host_changes);
+        self.gauge(LOG_OLDEST_AGE).set(oldest_age(
+            self.oldest_entry_ms.load(Ordering::Relaxed),
+            Utc::now(),
+        ));
+        self.process();
         let in_use = (stats.pool_size as usize).saturating_sub(stats.pool_idle);
         for (state, count) in [("idle", stats.pool_idle), ("in_use", in_use)] {
             let key = labelled(POOL, "state", state);
@@ -233,6 +365,44 @@ impl Metrics {
             .absolute(tokens.reloads);
         self.handle.render()
     }
+
+    /// The process's figures, as the Prometheus client libraries name them; one the system
+    /// does not give is left out.
+    fn process(&self) {
+        let process = metrics_process::collector::collect();
+        if let Some(seconds) = process.cpu_seconds_total {
+            // Whole seconds: a counter here holds an integer, as in metrics-process's own
+            // exporter. Over a rate's minute that is within 2 % of a core.
+            self.recorder
+                .register_counter(&Key::from_name(CPU_SECONDS), &METADATA)
+                .absolute(seconds as u64);
+        }
+        let gauges = [
+            (RESIDENT_MEMORY, process.resident_memory_bytes),
+            (OPEN_FDS, process.open_fds),
+            (MAX_FDS, process.max_fds),
+            (THREADS, process.threads),
+            (START_TIME, process.start_time_seconds),
+        ];
+        for (name, value) in gauges {
+            if let Some(value) = value {
+                self.gauge(name).set(value as f64);
+            }
+        }
+    }
+
+    fn gauge(&self, name: &'static str) -> ::metrics::Gauge {
+        self.recorder
+            .register_gauge(&Key::from_name(name), &METADATA)
+    }
+}
+
+/// Seconds from `oldest_ms` to `now`; 0 for no entry.
+fn oldest_age(oldest_ms: i64, now: DateTime<Utc>) -> f64 {
+    if oldest_ms == NO_ENTRY {
+        return 0.0;
+    }
+    (now.timestamp_millis().saturating_sub(oldest_ms)).max(0) as f64 / 1000.0
 }
 
 /// The token cache's lookups and reloads since start, as `render` shows them.

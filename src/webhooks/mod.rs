@@ -30,7 +30,7 @@ use crate::{config::WebhookConfig, telemetry::Metrics};
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// How long a lease lasts unrenewed: past it, after a crash, another instance takes over.
 const LEASE: Duration = Duration::from_secs(10);
-/// How often the pending counts are read for `/metrics`.
+/// How often the pending counts and states are read for `/metrics`.
 const COUNT_EVERY: u32 = 5;
 /// How long stopping waits for the deliveries to save how far they got.
 const SAVE_ON_STOP: Duration = Duration::from_secs(5);
@@ -139,7 +139,7 @@ impl Deliveries {
         }
     }
 
-    /// Sets the pending gauges. An endpoint `counted` last time and gone now was removed:
+    /// Sets the pending and state gauges. An endpoint `counted` last time and gone now was removed:
     /// nothing is pending for it any more.
     async fn count_pending(&self, counted: &mut HashSet<i64>) {
         match self.store.list_endpoints().await {
@@ -147,11 +147,13 @@ impl Deliveries {
                 let listed: HashSet<i64> = endpoints.iter().map(|endpoint| endpoint.id).collect();
                 for removed in counted.difference(&listed) {
                     self.metrics.webhook_pending(&removed.to_string(), 0);
+                    self.metrics.webhook_state(&removed.to_string(), None);
                 }
                 *counted = listed;
                 for endpoint in &endpoints {
-                    self.metrics
-                        .webhook_pending(&endpoint.id.to_string(), endpoint.pending);
+                    let id = endpoint.id.to_string();
+                    self.metrics.webhook_pending(&id, endpoint.pending);
+                    self.metrics.webhook_state(&id, Some(endpoint.state));
                 }
             }
             Err(err) => {

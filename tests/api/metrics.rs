@@ -1,20 +1,35 @@
 //! `/metrics`: each counter moves by exactly what the requests between two scrapes did,
-//! and the pool, the queue and the group-commit batches are there.
+//! and the pool, the queue and the group-commit batches are there; the gauges the alert
+//! rules read (deploy/prometheus) tell the instance's state.
 
 use std::{collections::HashMap, time::Duration};
 
 use reqwest::StatusCode;
 
 use crate::{
-    helpers::{Backend, TestApp, eventually, spawn_app},
-    on_both_backends,
+    fixtures::receiver::{Receiver, Reply},
+    helpers::{
+        Backend, TestApp, eventually, http_client, plantstore_on, serve_another, spawn_app,
+        succeeded, test_config,
+    },
+    on_both_backends, on_either_pool,
 };
 
 on_both_backends!(every_counter_moves_by_what_the_requests_did);
+on_both_backends!(the_gauges_the_alerts_read_tell_the_instance_s_state);
 
 /// One scrape: each series (name and labels, as printed) with its value.
 pub async fn scrape(app: &TestApp) -> HashMap<String, f64> {
-    let response = app.get("/metrics").await;
+    scrape_at(&app.client, &app.address).await
+}
+
+/// One scrape of the instance at `address` (`http://host:port`).
+pub async fn scrape_at(client: &reqwest::Client, address: &str) -> HashMap<String, f64> {
+    let response = client
+        .get(format!("{address}/metrics"))
+        .send()
+        .await
+        .expect("an answer");
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(
         response.headers()["content-type"],
@@ -136,4 +151,83 @@ async fn every_counter_moves_by_what_the_requests_did(backend: Backend) {
         )));
     }
     assert_eq!(after.get("plantstore_delete_queue_waiting"), Some(&0.0));
+}
+
+async fn the_gauges_the_alerts_read_tell_the_instance_s_state(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let receiver = Receiver::start(&[], Reply::Status(500)).await;
+    succeeded(&plantstore_on(
+        &app.db.url,
+        &["webhooks", "add", receiver.url.as_str()],
+    ));
+    let endpoint = crate::webhooks::endpoints(&app)[0]["id"].to_string();
+    app.add_plants(&[1, 2, 3]).await;
+    for plant in 1..=3 {
+        assert_eq!(app.delete_id(plant).await.status(), StatusCode::NO_CONTENT);
+    }
+    let day_ago = chrono::Utc::now() - chrono::Duration::days(1);
+    let sql = "UPDATE plantstore_deletions SET deleted_at = $1 WHERE plant_id = 1";
+    on_either_pool!(&app.db.pool, |pool| sqlx::query(sql)
+        .bind(day_ago)
+        .execute(pool)
+        .await
+        .map(drop))
+    .expect("the first entry made a day old");
+    // Another instance, whose first read of the log's size comes after the deletes.
+    let mut config = test_config(&app.db.url);
+    config.serve.request_timeout = Duration::from_secs(7);
+    let other = serve_another(&config).await;
+    let client = http_client();
+    let failing =
+        format!(r#"plantstore_webhook_endpoint_state{{endpoint="{endpoint}",state="failing"}}"#);
+    let scraped = eventually(
+        Duration::from_secs(30),
+        "the endpoint seen failing",
+        || async {
+            let scraped = scrape_at(&client, &other).await;
+            (scraped.get(&failing) == Some(&1.0)).then_some(scraped)
+        },
+    )
+    .await;
+    let value = |series: &str| {
+        *scraped
+            .get(series)
+            .unwrap_or_else(|| panic!("{series} is missing"))
+    };
+    for (series, expected) in [
+        ("plantstore_ready", 1.0),
+        ("plantstore_database_reachable", 1.0),
+        ("plantstore_database_hosts", 1.0),
+        ("plantstore_database_host_changes_total", 0.0),
+        ("plantstore_request_timeout_seconds", 7.0),
+        ("plantstore_deletion_retention_seconds", 0.0),
+        ("plantstore_deletion_log_entries", 3.0),
+    ] {
+        assert_eq!(value(series), expected, "{series}");
+    }
+    for (state, expected) in [("active", 0.0), ("failing", 1.0), ("disabled", 0.0)] {
+        let series = format!(
+            r#"plantstore_webhook_endpoint_state{{endpoint="{endpoint}",state="{state}"}}"#
+        );
+        assert_eq!(value(&series), expected, "{series}");
+    }
+    let pending = format!(r#"plantstore_webhook_pending_events{{endpoint="{endpoint}"}}"#);
+    assert_eq!(value(&pending), 3.0);
+    // As of the scrape: a day and the few seconds since.
+    let age = value("plantstore_deletion_log_oldest_entry_age_seconds");
+    assert!(
+        (86_400.0..86_460.0).contains(&age),
+        "oldest entry {age} s old"
+    );
+    assert!(value("process_resident_memory_bytes") > 1e6);
+    assert!(value("process_open_fds") > 0.0);
+    assert!(value("process_max_fds") >= value("process_open_fds"));
+    assert!(value("process_threads") >= 1.0);
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    let started = value("process_start_time_seconds");
+    let now = chrono::Utc::now().timestamp() as f64;
+    assert!(
+        (now - 3600.0..=now).contains(&started),
+        "started at {started}"
+    );
 }

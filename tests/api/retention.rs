@@ -13,6 +13,7 @@ use crate::{
         Backend, TestApp, eventually, plantstore_on, serve_another, spawn_app, succeeded,
         test_config,
     },
+    metrics::scrape_at,
     on_both_backends, on_either_pool,
 };
 
@@ -98,6 +99,15 @@ async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
         entries(&app, 31, 40).await,
         10,
         "younger than the retention"
+    );
+    let scraped = scrape_at(&app.client, &pruning).await;
+    assert_eq!(
+        scraped.get("plantstore_deletion_log_pruned_total"),
+        Some(&1220.0)
+    );
+    assert_eq!(
+        scraped.get("plantstore_deletion_retention_seconds"),
+        Some(&(90.0 * 86_400.0))
     );
     let sql = "SELECT owner FROM plantstore_leases WHERE name = 'deletion_log_retention'";
     let owner: String = on_either_pool!(&app.db.pool, |pool| sqlx::query_scalar(sql)

@@ -105,6 +105,16 @@ impl Database {
             .map_err(|err| self.report_to_failover(err))
     }
 
+    /// How many hosts the URL names.
+    pub(crate) fn hosts(&self) -> usize {
+        self.failover.hosts()
+    }
+
+    /// Times new connections moved to another host since start.
+    pub(crate) fn host_changes(&self) -> u64 {
+        self.failover.host_changes()
+    }
+
     /// `err`, after failover heard of it (it searches the hosts again when the database
     /// is unavailable, read-only or too slow).
     pub(crate) fn report_to_failover(&self, err: StoreError) -> StoreError {

@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeletionFilter, DeletionLog, DeletionRecord, RestoreError, StoreError,
+    DeletionFilter, DeletionLog, DeletionRecord, LogSize, RestoreError, StoreError,
     backend::{EntryState, column_changes},
 };
 use sqlx::Acquire;
@@ -125,6 +125,23 @@ impl DeletionLog for PostgresStore {
         .await
         .map_err(|err| self.db.error(err))?;
         Ok(done.rows_affected())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn log_size(&self) -> Result<LogSize, StoreError> {
+        // The lowest id is the oldest entry: ids are taken with the delete's time. The count
+        // reads the whole table, which is why `/metrics` has it from a sample a minute old.
+        let size = sqlx::query!(
+            r#"SELECT (SELECT count(*) FROM plantstore_deletions) AS "entries!",
+                      (SELECT deleted_at FROM plantstore_deletions ORDER BY id LIMIT 1) AS oldest"#
+        )
+        .fetch_one(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(LogSize {
+            entries: size.entries,
+            oldest: size.oldest,
+        })
     }
 
     #[tracing::instrument(level = "debug", skip(self))]

@@ -10,7 +10,7 @@
 use std::{
     sync::{
         Arc, OnceLock,
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -35,6 +35,8 @@ pub(crate) struct Failover {
     /// Index in `list` of the host new connections go to.
     current: AtomicUsize,
     searching: AtomicBool,
+    /// Times `current` moved, for `/metrics`.
+    changes: AtomicU64,
 }
 
 impl Failover {
@@ -45,7 +47,17 @@ impl Failover {
             pool: OnceLock::new(),
             current: AtomicUsize::new(0),
             searching: AtomicBool::new(false),
+            changes: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn hosts(&self) -> usize {
+        self.list.hosts.len()
+    }
+
+    /// Times new connections were moved to another host since start.
+    pub(crate) fn host_changes(&self) -> u64 {
+        self.changes.load(Ordering::Relaxed)
     }
 
     /// The first host, in order, that accepts a connection and satisfies the attrs; with
@@ -117,6 +129,7 @@ impl Failover {
             {
                 let before = failover.current.swap(index, Ordering::AcqRel);
                 if before != index {
+                    failover.changes.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(
                         from = %failover.list.hosts[before].name,
                         to = %failover.list.hosts[index].name,

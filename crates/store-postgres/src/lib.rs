@@ -174,6 +174,8 @@ impl Store for PostgresStore {
             pool_size: self.db.pool.size(),
             pool_idle: self.db.pool.num_idle(),
             queued: self.batcher.queued(),
+            database_hosts: self.db.hosts(),
+            host_changes: self.db.host_changes(),
         }
     }
 

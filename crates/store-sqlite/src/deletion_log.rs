@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeletionFilter, DeletionLog, DeletionRecord, RestoreError, StoreError,
+    DeletionFilter, DeletionLog, DeletionRecord, LogSize, RestoreError, StoreError,
     backend::{EntryState, column_changes},
     time::{LAST_STORABLE_TIME, storable_after},
 };
@@ -79,6 +79,23 @@ impl DeletionLog for SqliteStore {
         .await
         .map_err(classify)?;
         Ok(done.rows_affected())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn log_size(&self) -> Result<LogSize, StoreError> {
+        // The lowest id is the oldest entry: ids are given in commit order, with the time.
+        let size = sqlx::query!(
+            r#"SELECT (SELECT count(*) FROM plantstore_deletions) AS "entries!: i64",
+                      (SELECT deleted_at FROM plantstore_deletions ORDER BY id LIMIT 1)
+                          AS "oldest?: DateTime<Utc>""#
+        )
+        .fetch_one(&self.readers)
+        .await
+        .map_err(classify)?;
+        Ok(LogSize {
+            entries: size.entries,
+            oldest: size.oldest,
+        })
     }
 
     #[tracing::instrument(level = "debug", skip(self))]

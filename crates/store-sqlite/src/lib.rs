@@ -180,6 +180,8 @@ impl Store for SqliteStore {
             pool_size: self.readers.size(),
             pool_idle: self.readers.num_idle(),
             queued: self.batcher.queued(),
+            database_hosts: 1,
+            host_changes: 0,
         }
     }
 

@@ -128,6 +128,9 @@ pub trait DeletionLog: Send + Sync {
     /// Returns how many went: fewer than `limit` when no more can go now.
     async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError>;
 
+    /// How many entries the log holds, and when the oldest of them was deleted.
+    async fn log_size(&self) -> Result<LogSize, StoreError>;
+
     /// Takes, or renews, the lease on the chore `name` for `owner` until `length` from now
     /// (the database's clock where it has one); whether `owner` holds it now. Another
     /// owner's lease is taken only once it has run out.
@@ -137,6 +140,14 @@ pub trait DeletionLog: Send + Sync {
         owner: &str,
         length: std::time::Duration,
     ) -> Result<bool, StoreError>;
+}
+
+/// The deletion log's size, as `/metrics` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogSize {
+    pub entries: i64,
+    /// When the entry with the lowest id was deleted; `None` for an empty log.
+    pub oldest: Option<DateTime<Utc>>,
 }
 
 /// The service's own API tokens; only their hashes are stored.
@@ -191,6 +202,10 @@ pub struct StoreStats {
     pub pool_idle: usize,
     /// Deletes waiting for a commit.
     pub queued: usize,
+    /// Hosts the database URL names (1 for SQLite).
+    pub database_hosts: usize,
+    /// Times new connections were moved to another host since start (a failover).
+    pub host_changes: u64,
 }
 
 /// How a backend sizes and waits on its connection pool, how long it replays idempotency
