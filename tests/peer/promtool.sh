@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prometheus's own linter on /metrics: promtool (from Debian's prometheus package,
-# unpacked into target/ without installing the server) checks the text after a few
-# requests have filled every series. Needs target/debug/plantstore. Run by .ci/run.
+# Prometheus's own tools on what the service ships: promtool (from Debian's prometheus
+# package, unpacked into target/ where it is not installed) checks /metrics after a few
+# requests have filled every series, then checks the alert rules in deploy/prometheus and
+# runs their unit tests. Needs target/debug/plantstore. Run by .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -25,3 +26,6 @@ curl -s -o /dev/null -X DELETE "$base/plants/2"
 curl -fs "$base/metrics" -o "$work/metrics.txt"
 "$promtool" check metrics <"$work/metrics.txt"
 echo "promtool check metrics: no problems in $(grep -vc '^#' "$work/metrics.txt") series"
+"$promtool" check rules deploy/prometheus/plantstore-rules.yml
+# The test file names its rules relative to itself.
+"$promtool" test rules deploy/prometheus/plantstore-rules.test.yml

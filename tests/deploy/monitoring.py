@@ -1,0 +1,349 @@
+#!/usr/bin/env python3
+"""The alert rules and the dashboard in deploy/, against a real Prometheus and Alertmanager.
+
+A real Prometheus (Debian's 2.42) scrapes one `plantstore serve` on its own PostgreSQL
+server, evaluating deploy/prometheus/plantstore-rules.yml, and a real Alertmanager (Debian's
+0.25) routes the alerts to a webhook receiver here. After a short load, every query of every
+panel of deploy/grafana/plantstore-dashboard.json is run and must return data. Then the
+database is stopped, a webhook endpoint fails, and the instance is stopped, one after
+another: the receiver must get PlantStoreDatabaseUnreachable, PlantStoreDestinationFailing
+and PlantStoreInstanceDown firing, no sooner than the rule's `for:` and within it plus
+SLACK, and each resolved within SLACK of the fault's end. Prints each query and each
+alert's times; exits 1 on any failure.
+
+Run from the repository root, as root, after `cargo test` (it uses target/debug/plantstore);
+it needs Debian's prometheus, prometheus-alertmanager and PostgreSQL 15:
+    python3 tests/deploy/monitoring.py
+"""
+
+import glob
+import http.client
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from fleet import Instance, fail, free_port, get, prepare_database, psql, wait_until
+
+WHAT = "monitoring"
+BINARY = "target/debug/plantstore"
+RULES = os.path.abspath("deploy/prometheus/plantstore-rules.yml")
+DASHBOARD = "deploy/grafana/plantstore-dashboard.json"
+# From a rule's `for:` ending to the receiver's notice, and from a fault's end to the
+# resolved notice: a scrape and an evaluation (1 s each here), the readiness check (5 s),
+# Alertmanager's group wait (1 s), and the endpoint's next try (at most 5 s here).
+SLACK = 30
+# What Grafana would put for `$__rate_interval` at a 1 s scrape is 4 s; a minute is what
+# an operator's 15 s scrape gives, and every query must have data at that too.
+RATE_INTERVAL = "1m"
+
+
+class PostgresServer:
+    """A PostgreSQL server of its own in `work`, run as the postgres user, to stop and start
+    without touching the machine's."""
+
+    def __init__(self, work):
+        bindir = os.path.dirname(sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))[-1])
+        self.pg_ctl, self.initdb = f"{bindir}/pg_ctl", f"{bindir}/initdb"
+        self.data = os.path.join(work, "pg")
+        self.port = free_port()
+        os.makedirs(self.data)
+        shutil.chown(self.data, "postgres", "postgres")
+        self.as_postgres(self.initdb, "-D", self.data, "--auth=trust", "-U", "postgres")
+        self.url = f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def as_postgres(self, *args):
+        subprocess.run(["runuser", "-u", "postgres", "--", *args], check=True,
+                       capture_output=True, cwd="/")
+
+    def start(self):
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -c unix_socket_directories="
+        self.as_postgres(self.pg_ctl, "-D", self.data, "-o", options, "-l",
+                         f"{self.data}/log", "-w", "start")
+
+    def stop(self):
+        self.as_postgres(self.pg_ctl, "-D", self.data, "-m", "fast", "-w", "stop")
+
+
+class Receivers(http.server.ThreadingHTTPServer):
+    """Both receivers on one port: deletion events at /events (204, or 500 while `failing`),
+    and Alertmanager's notifications at /alerts, each alert kept with when it came."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), ReceiverHandler)
+        self.failing = False
+        self.notices = []  # (arrived, status, alertname, labels)
+        self.lock = threading.Lock()
+
+    def notice(self, alertname, status, since):
+        """When the first notice of `alertname` with `status` came after `since`."""
+        with self.lock:
+            return next((at for at, got, name, _ in self.notices
+                         if name == alertname and got == status and at >= since), None)
+
+
+class ReceiverHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        status = 204
+        if self.path == "/alerts":
+            arrived = time.monotonic()
+            with self.server.lock:
+                for alert in json.loads(body)["alerts"]:
+                    self.server.notices.append((arrived, alert["status"],
+                                                alert["labels"]["alertname"], alert["labels"]))
+        elif self.server.failing:
+            status = 500
+        self.send_response(status)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *_):
+        pass
+
+
+def start(work, name, command):
+    log = open(os.path.join(work, f"{name}.log"), "w")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+
+
+def prometheus(work, instance_port, alertmanager_port):
+    port = free_port()
+    config = os.path.join(work, "prometheus.yml")
+    with open(config, "w") as out:
+        # JSON is YAML, as both read it.
+        out.write(json.dumps({
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [RULES],
+            "alerting": {"alertmanagers": [
+                {"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
+            "scrape_configs": [{"job_name": "plantstore", "static_configs": [
+                {"targets": [f"127.0.0.1:{instance_port}"]}]}],
+        }))
+    process = start(work, "prometheus", [
+        "prometheus", f"--config.file={config}", f"--storage.tsdb.path={work}/tsdb",
+        f"--web.listen-address=127.0.0.1:{port}"])
+    if not wait_until(lambda: get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 60):
+        fail(WHAT, "Prometheus never got ready (its log is in the work folder)")
+    return process, port
+
+
+def alertmanager(work, receiver_port):
+    port = free_port()
+    config = os.path.join(work, "alertmanager.yml")
+    with open(config, "w") as out:
+        out.write(json.dumps({
+            "route": {"receiver": "test", "group_by": ["alertname", "instance", "endpoint"],
+                      "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
+            "receivers": [{"name": "test", "webhook_configs": [
+                {"url": f"http://127.0.0.1:{receiver_port}/alerts", "send_resolved": True}]}],
+        }))
+    process = start(work, "alertmanager", [
+        "prometheus-alertmanager", f"--config.file={config}", f"--storage.path={work}/am",
+        f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
+    if not wait_until(lambda: get(f"http://127.0.0.1:{port}/-/ready")[0] == 200, 60):
+        fail(WHAT, "Alertmanager never got ready (its log is in the work folder)")
+    return process, port
+
+
+def query(prometheus_port, expr):
+    """Prometheus's answer to an instant query: (status, result)."""
+    url = (f"http://127.0.0.1:{prometheus_port}/api/v1/query?"
+           + urllib.parse.urlencode({"query": expr}))
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            body = json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        body = json.loads(err.read() or b"{}")
+    return body.get("status"), body.get("data", {}).get("result", []) or body.get("error")
+
+
+def panel_queries():
+    """(panel title, expression) for each query of each panel, as Grafana would send it."""
+    with open(DASHBOARD) as dashboard:
+        panels = json.load(dashboard)["panels"]
+    out = []
+    for panel in panels:
+        for target in panel.get("targets", []):
+            out.append((panel["title"], target["expr"].replace("$__rate_interval",
+                                                               RATE_INTERVAL)))
+    return out
+
+
+class Load:
+    """Deletes (with the token, some without, some of plants already gone) until stopped."""
+
+    def __init__(self, port, token, plants):
+        self.port, self.token, self.plants = port, token, plants
+        self.stop = threading.Event()
+        self.statuses = []
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        plant = 0
+        while not self.stop.is_set() and plant < self.plants:
+            plant += 1
+            for target, headers in ((plant, {"Authorization": f"Bearer {self.token}"}),
+                                    (plant, {}), (max(plant - 1, 1), {
+                                        "Authorization": f"Bearer {self.token}"})):
+                conn.request("DELETE", f"/plants/{target}", headers=headers)
+                answer = conn.getresponse()
+                answer.read()
+                self.statuses.append(answer.status)
+            time.sleep(0.02)
+        conn.close()
+
+
+def check_dashboard(prometheus_port):
+    queries = panel_queries()
+    if not queries:
+        fail(WHAT, f"no panel queries in {DASHBOARD}")
+    with_data = {}
+
+    def all_have_data():
+        for title, expr in queries:
+            if (title, expr) in with_data:
+                continue
+            status, result = query(prometheus_port, expr)
+            if status != "success":
+                fail(WHAT, f"panel {title!r}: Prometheus refused {expr}: {result}")
+            if result:
+                with_data[(title, expr)] = len(result)
+        return len(with_data) == len(queries)
+
+    wait_until(all_have_data, 90)
+    print(f"dashboard: {len(queries)} queries of {len({t for t, _ in queries})} panels run, "
+          f"{len(with_data)} with data")
+    for title, expr in queries:
+        series = with_data.get((title, expr))
+        print(f"  {'ok' if series else 'NO DATA'}: {title}: {expr} "
+              f"({series or 0} series)")
+    missing = [title for title, expr in queries if (title, expr) not in with_data]
+    if missing:
+        fail(WHAT, f"panels with a query that returned no data: {sorted(set(missing))}")
+
+
+def rule_for(alertname):
+    """The `for:` of `alertname` in the rules file, in seconds."""
+    with open(RULES) as rules:
+        lines = rules.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == f"- alert: {alertname}")
+    for line in lines[start + 1:]:
+        if line.strip().startswith("- alert:"):
+            break
+        if line.strip().startswith("for:"):
+            value = line.split(":", 1)[1].strip()
+            return int(value[:-1]) * {"s": 1, "m": 60, "h": 3600}[value[-1]]
+    return 0
+
+
+def fires_and_resolves(receivers, alertname, cause, cure):
+    """Causes the fault, waits for `alertname` firing, cures it, waits for it resolved;
+    fails unless each came in time. Returns (fired after, resolved after) in seconds."""
+    window = rule_for(alertname)
+    began = time.monotonic()
+    cause()
+    if not wait_until(lambda: receivers.notice(alertname, "firing", began), window + SLACK):
+        fail(WHAT, f"{alertname} did not fire within {window + SLACK} s of the fault")
+    fired = receivers.notice(alertname, "firing", began) - began
+    if fired < window:
+        fail(WHAT, f"{alertname} fired {fired:.1f} s after the fault, before its for: {window} s")
+    cured = time.monotonic()
+    cure()
+    if not wait_until(lambda: receivers.notice(alertname, "resolved", cured), SLACK):
+        fail(WHAT, f"{alertname} was not resolved within {SLACK} s of the fault's end")
+    resolved = receivers.notice(alertname, "resolved", cured) - cured
+    print(f"ok: {alertname} (for: {window} s): fired {fired:.1f} s after the fault, "
+          f"resolved {resolved:.1f} s after its end")
+    return fired, resolved
+
+
+def main():
+    if not os.path.exists(BINARY):
+        fail(WHAT, f"{BINARY} is missing; run `cargo build` first")
+    work = tempfile.mkdtemp(prefix="plantstore-monitoring-")
+    os.chmod(work, 0o755)
+    processes = []
+    database = PostgresServer(work)
+    try:
+        database.start()
+        psql(database.url, "CREATE DATABASE shop")
+        url = database.url.rsplit("/", 1)[0] + "/shop"
+        token = prepare_database(BINARY, url, 100_000)
+        receivers = Receivers()
+        threading.Thread(target=receivers.serve_forever, daemon=True).start()
+        env = dict(os.environ, DATABASE_URL=url)
+        subprocess.run([BINARY, "webhooks", "add",
+                        f"http://127.0.0.1:{receivers.server_address[1]}/events"],
+                       env=env, check=True, capture_output=True)
+        port = free_port()
+        instance = Instance("monitored", BINARY, url, port, work,
+                            PLANTSTORE_DELETION_RETENTION="2d",
+                            PLANTSTORE_WEBHOOK_RETRY_MAX="5s", PLANTSTORE_SHUTDOWN_DELAY="0s")
+        if not instance.start():
+            fail(WHAT, "the service did not get ready")
+        am, am_port = alertmanager(work, receivers.server_address[1])
+        processes.append(am)
+        prom, prom_port = prometheus(work, port, am_port)
+        processes.append(prom)
+
+        load = Load(port, token, 100_000)
+        load.thread.start()
+        time.sleep(5)  # a few seconds of load before the first query: Prometheus needs samples
+        check_dashboard(prom_port)
+        load.stop.set()
+        load.thread.join()
+
+        def fail_endpoint():
+            receivers.failing = True
+            # A delete to make an event; as a client would, again after a 503 (the first
+            # request after the database's restart may meet a connection it closed).
+            def deleted():
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+                conn.request("DELETE", "/plants/99999",
+                             headers={"Authorization": f"Bearer {token}"})
+                return conn.getresponse().status == 204
+            if not wait_until(deleted, 30):
+                fail(WHAT, "the delete that makes an event for the failing endpoint never got 204")
+
+        def cure_endpoint():
+            receivers.failing = False
+
+        fires_and_resolves(receivers, "PlantStoreDatabaseUnreachable", database.stop,
+                           database.start)
+        fires_and_resolves(receivers, "PlantStoreDestinationFailing", fail_endpoint,
+                           cure_endpoint)
+        fires_and_resolves(receivers, "PlantStoreInstanceDown", instance.stop,
+                           lambda: instance.start() or fail(WHAT, "the restart failed"))
+        others = sorted({name for _, status, name, _ in receivers.notices} - {
+            "PlantStoreDatabaseUnreachable", "PlantStoreDestinationFailing",
+            "PlantStoreInstanceDown"})
+        print(f"other alerts the receiver got: {others or 'none'}")
+        instance.stop()
+    finally:
+        for process in processes:
+            process.terminate()
+            process.wait()
+        try:
+            database.stop()
+        except subprocess.CalledProcessError:
+            pass
+    shutil.rmtree(work, ignore_errors=True)
+    print("ok: monitoring")
+
+
+if __name__ == "__main__":
+    main()
