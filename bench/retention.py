@@ -16,6 +16,7 @@ least 0.9 of `off`, p99 at most 1.1 of it, and every old entry gone by the end o
 from __future__ import annotations
 
 import os
+import sqlite3
 import statistics
 import sys
 import time
@@ -39,23 +40,27 @@ TARGET_HITS, TARGET_P99 = 0.9, 1.1
 DRAIN_S = 300
 
 
+def write_sqlite(db, sql: str, params: tuple = ()) -> None:
+    """One statement on the SQLite file, committed."""
+    con = sqlite3.connect(db.path, timeout=60)
+    try:
+        con.execute(sql, params)
+        con.commit()
+    finally:
+        con.close()
+
+
 def make_old(db, backend: str) -> None:
     """Every entry younger than a day (the runs' own) made 100 days old."""
     if backend == "postgres":
         db.psql("UPDATE plantstore_deletions SET deleted_at = now() - interval '100 days' "
                 "WHERE deleted_at > now() - interval '1 day'")
     else:
-        import sqlite3
-        con = sqlite3.connect(db.path, timeout=60)
-        try:
-            cutoff = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 86400))
-            old = time.strftime("%Y-%m-%dT%H:%M:%S.000000+00:00",
-                                time.gmtime(time.time() - 100 * 86400))
-            con.execute("UPDATE plantstore_deletions SET deleted_at = ? WHERE deleted_at > ?",
-                        (old, cutoff))
-            con.commit()
-        finally:
-            con.close()
+        cutoff = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(time.time() - 86400))
+        old = time.strftime("%Y-%m-%dT%H:%M:%S.000000+00:00",
+                            time.gmtime(time.time() - 100 * 86400))
+        write_sqlite(db, "UPDATE plantstore_deletions SET deleted_at = ? WHERE deleted_at > ?",
+                     (old, cutoff))
 
 
 def old_entries(db) -> int:
@@ -72,13 +77,7 @@ def free_the_chore(db, backend: str) -> None:
     if backend == "postgres":
         db.psql(sql)
     else:
-        import sqlite3
-        con = sqlite3.connect(db.path, timeout=60)
-        try:
-            con.execute(sql)
-            con.commit()
-        finally:
-            con.close()
+        write_sqlite(db, sql)
 
 
 def one_run(svc: Service, db, url: str, backend: str, work: Path, token: str, lo: int,

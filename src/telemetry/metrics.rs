@@ -351,9 +351,7 @@ impl Metrics {
                 .register_gauge(&key, &METADATA)
                 .set(count as f64);
         }
-        self.recorder
-            .register_gauge(&Key::from_name(QUEUED), &METADATA)
-            .set(stats.queued as f64);
+        self.gauge(QUEUED).set(stats.queued as f64);
         for (result, count) in [("hit", tokens.hits), ("miss", tokens.misses)] {
             let key = labelled(TOKEN_LOOKUPS, "result", result);
             self.recorder
