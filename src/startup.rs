@@ -106,21 +106,14 @@ impl Application {
         let delay = self.config.shutdown_delay;
         let upkeep = tokio::spawn(Arc::clone(&self.state.metrics).fold_histograms());
         let samples = tokio::spawn(health::sample(self.state.clone()));
+        // Stops the background work that holds leases, which each gives back on stopping.
+        let (halt, halted) = watch::channel(false);
         let retention = self
             .retention
-            .map(|retention| tokio::spawn(retention.run()));
-        let (halt, halted) = tokio::sync::oneshot::channel::<()>();
-        let deliveries = tokio::spawn(self.deliveries.run(async {
-            let _ = halted.await;
-        }));
+            .map(|retention| tokio::spawn(retention.run(once_set(&halted))));
+        let deliveries = tokio::spawn(self.deliveries.run(once_set(&halted)));
         let (stop, stopped) = watch::channel(false);
-        let when_stopped = || {
-            let mut stopped = stopped.clone();
-            async move {
-                // An error means the sender is gone, which also means stop.
-                let _ = stopped.wait_for(|stop| *stop).await;
-            }
-        };
+        let when_stopped = || once_set(&stopped);
         let servers = http::serve(
             self.acceptor,
             self.admin.map(|(acceptor, _)| acceptor),
@@ -152,13 +145,21 @@ impl Application {
         };
         upkeep.abort();
         samples.abort();
-        if let Some(retention) = retention {
-            retention.abort();
-        }
-        let _ = halt.send(());
+        let _ = halt.send(true);
         let _ = deliveries.await;
+        if let Some(retention) = retention {
+            let _ = retention.await;
+        }
         store.close().await;
         served
+    }
+}
+
+/// Resolves once `flag` is set, or its sender is gone (which also means stop).
+fn once_set(flag: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {
+    let mut flag = flag.clone();
+    async move {
+        let _ = flag.wait_for(|set| *set).await;
     }
 }
 

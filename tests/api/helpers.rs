@@ -336,12 +336,20 @@ pub async fn spawn_app_until(
 
 /// Serves one more instance with `config` (another on the same database); its address.
 pub async fn serve_another(config: &Config) -> String {
+    serve_another_until(config, future::pending()).await.0
+}
+
+/// Serves one more instance with `config` until `stop` resolves, then stops it as SIGTERM
+/// would; its address, and the handle that ends with what `run_until_stopped` returned.
+pub async fn serve_another_until(
+    config: &Config,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> (String, JoinHandle<std::io::Result<()>>) {
     let other = Application::build(config)
         .await
         .expect("another instance starts");
     let address = format!("http://{}", other.address());
-    tokio::spawn(other.run_until_stopped(future::pending()));
-    address
+    (address, tokio::spawn(other.run_until_stopped(stop)))
 }
 
 /// A client that gives up rather than letting a test hang on a request that never ends.

@@ -1,6 +1,6 @@
 //! The deletion log kept to `PLANTSTORE_DELETION_RETENTION` by the running service: entries
 //! older than the retention go, while younger ones and those a destination has yet to
-//! receive stay, and the instance pruning holds the chore's lease. (A retention shorter than the
+//! receive stay, and the instance pruning holds the chore's lease until it stops. (A retention shorter than the
 //! idempotency TTL is refused at start: `cli.rs`, with the other bad settings.)
 
 use std::time::Duration;
@@ -10,8 +10,8 @@ use plantstore::config::Retention;
 use crate::{
     fixtures::receiver::{Receiver, Reply},
     helpers::{
-        Backend, TestApp, eventually, plantstore_on, serve_another, spawn_app, succeeded,
-        test_config,
+        Backend, TestApp, eventually, plantstore_on, serve_another, serve_another_until, spawn_app,
+        succeeded, test_config,
     },
     metrics::scrape_at,
     on_both_backends, on_either_pool,
@@ -81,7 +81,11 @@ async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
 
     let mut config = test_config(&app.db.url);
     config.serve.deletion_retention = Retention(Some(90 * DAY));
-    let pruning = serve_another(&config).await;
+    let (stop_pruning, pruning_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (pruning, serving) = serve_another_until(&config, async {
+        let _ = pruning_stopped.await;
+    })
+    .await;
     eventually(
         Duration::from_secs(30),
         "the old entries no destination needs pruned",
@@ -125,4 +129,17 @@ async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
         .await)
     .expect("the chore's lease");
     assert_eq!(still, owner);
+
+    // Stopped as SIGTERM stops it, the pruning instance gives the lease back: the next
+    // instance to start (a restart, a deploy) prunes at once, not three minutes later.
+    let _ = stop_pruning.send(());
+    serving
+        .await
+        .expect("the instance's task")
+        .expect("a clean stop");
+    let left: Option<String> = on_either_pool!(&app.db.pool, |pool| sqlx::query_scalar(sql)
+        .fetch_optional(pool)
+        .await)
+    .expect("the leases");
+    assert_eq!(left, None, "the lease given back");
 }

@@ -103,9 +103,10 @@ impl DeletionLog for PostgresStore {
     }
 
     #[tracing::instrument(skip(self))]
-    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
         // restore.
+        // `LIMIT 500` is PRUNE_BATCH, spelt as a literal for the reason given there.
         let done = sqlx::query!(
             "DELETE FROM plantstore_deletions WHERE id IN (
              SELECT d.id FROM plantstore_deletions d
@@ -117,9 +118,8 @@ impl DeletionLog for PostgresStore {
                               > (e.cursor_pos, e.cursor_kind, e.cursor_id)
                           OR (d.restored_xid::TEXT::BIGINT, 1::BIGINT, d.id)
                               > (e.cursor_pos, e.cursor_kind, e.cursor_id)))
-             ORDER BY d.id LIMIT $2)",
-            before,
-            limit
+             ORDER BY d.id LIMIT 500)",
+            before
         )
         .execute(&mut *self.db.conn().await?)
         .await
@@ -168,5 +168,18 @@ impl DeletionLog for PostgresStore {
         .await
         .map_err(|err| self.db.error(err))?;
         Ok(held.is_some())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn release_chore(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "DELETE FROM plantstore_leases WHERE name = $1 AND owner = $2",
+            name,
+            owner
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        Ok(())
     }
 }

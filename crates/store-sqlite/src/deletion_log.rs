@@ -52,11 +52,12 @@ impl DeletionLog for SqliteStore {
     }
 
     #[tracing::instrument(skip(self))]
-    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError> {
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
         // restore. While any endpoint exists, the newest entry and the latest restored stay
         // too: a new row gets the highest id plus one, a new restore the highest restored_seq
         // plus one, and either going back would put new events behind the endpoints' cursors.
+        // `LIMIT 500` is PRUNE_BATCH, spelt as a literal for the reason given there.
         let done = sqlx::query!(
             "DELETE FROM plantstore_deletions WHERE id IN (
              SELECT d.id FROM plantstore_deletions AS d
@@ -71,9 +72,8 @@ impl DeletionLog for SqliteStore {
                      AND ((d.id, 0, d.id) > (e.cursor_pos, e.cursor_kind, e.cursor_id)
                           OR (d.restored_pos, 1, d.restored_seq)
                              > (e.cursor_pos, e.cursor_kind, e.cursor_id)))
-             ORDER BY d.id LIMIT ?2)",
-            before,
-            limit
+             ORDER BY d.id LIMIT 500)",
+            before
         )
         .execute(self.write_connection.lock().await?.conn()?)
         .await
@@ -123,6 +123,19 @@ impl DeletionLog for SqliteStore {
         .await
         .map_err(classify)?;
         Ok(held.is_some())
+    }
+
+    #[tracing::instrument(level = "debug", skip(self))]
+    async fn release_chore(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        sqlx::query!(
+            "DELETE FROM plantstore_leases WHERE name = ?1 AND owner = ?2",
+            name,
+            owner
+        )
+        .execute(self.write_connection.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        Ok(())
     }
 }
 

@@ -110,6 +110,12 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
     async fn close(&self);
 }
 
+/// The most entries one `prune_deletions` removes: one short statement, so that a delete
+/// waits at most that long behind it. The statements spell it as the literal `LIMIT 500`: as
+/// a parameter, PostgreSQL's generic plan guesses a tenth of the table instead, a cost that
+/// has it JIT-compile every batch (bench/RESULTS.md, "Retention under load").
+pub const PRUNE_BATCH: u64 = 500;
+
 /// The deletion log: what was deleted, by whom, and putting it back.
 #[async_trait]
 pub trait DeletionLog: Send + Sync {
@@ -123,10 +129,10 @@ pub trait DeletionLog: Send + Sync {
     /// one transaction; returns the plant's id.
     async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError>;
 
-    /// Removes up to `limit` log entries deleted before `before`, oldest first, keeping
-    /// those a destination has yet to receive; their idempotency keys stop replaying.
-    /// Returns how many went: fewer than `limit` when no more can go now.
-    async fn prune_deletions(&self, before: DateTime<Utc>, limit: i64) -> Result<u64, StoreError>;
+    /// Removes up to `PRUNE_BATCH` log entries deleted before `before`, oldest first,
+    /// keeping those a destination has yet to receive; their idempotency keys stop
+    /// replaying. Returns how many went: fewer than `PRUNE_BATCH` when no more can go now.
+    async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 
     /// How many entries the log holds, and when the oldest of them was deleted.
     async fn log_size(&self) -> Result<LogSize, StoreError>;
@@ -140,6 +146,10 @@ pub trait DeletionLog: Send + Sync {
         owner: &str,
         length: std::time::Duration,
     ) -> Result<bool, StoreError>;
+
+    /// Gives up `owner`'s lease on the chore `name`, if it holds it, so that another
+    /// instance takes the chore at once instead of when the lease runs out.
+    async fn release_chore(&self, name: &str, owner: &str) -> Result<(), StoreError>;
 }
 
 /// The deletion log's size, as `/metrics` shows it.
