@@ -236,24 +236,22 @@ def check_dashboard(prometheus_port):
         fail(WHAT, f"panels with a query that returned no data: {sorted(set(missing))}")
 
 
-def rule_for(alertname):
-    """The `for:` of `alertname` in the rules file, in seconds."""
-    with open(RULES) as rules:
-        lines = rules.read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.strip() == f"- alert: {alertname}")
-    for line in lines[start + 1:]:
-        if line.strip().startswith("- alert:"):
-            break
-        if line.strip().startswith("for:"):
-            value = line.split(":", 1)[1].strip()
-            return int(value[:-1]) * {"s": 1, "m": 60, "h": 3600}[value[-1]]
-    return 0
+def rule_for(prometheus_port, alertname):
+    """The `for:` of `alertname` as the running Prometheus loaded it, in seconds."""
+    url = f"http://127.0.0.1:{prometheus_port}/api/v1/rules?type=alert"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        groups = json.load(answer)["data"]["groups"]
+    durations = [rule["duration"] for group in groups for rule in group["rules"]
+                 if rule["name"] == alertname]
+    if len(durations) != 1:
+        fail(WHAT, f"Prometheus has {len(durations)} rules named {alertname}, not one")
+    return durations[0]
 
 
-def fires_and_resolves(receivers, alertname, cause, cure):
+def fires_and_resolves(receivers, prometheus_port, alertname, cause, cure):
     """Causes the fault, waits for `alertname` firing, cures it, waits for it resolved;
     fails unless each came in time. Returns (fired after, resolved after) in seconds."""
-    window = rule_for(alertname)
+    window = rule_for(prometheus_port, alertname)
     began = time.monotonic()
     cause()
     if not wait_until(lambda: receivers.notice(alertname, "firing", began), window + SLACK):
@@ -322,11 +320,11 @@ def main():
         def cure_endpoint():
             receivers.failing = False
 
-        fires_and_resolves(receivers, "PlantStoreDatabaseUnreachable", database.stop,
-                           database.start)
-        fires_and_resolves(receivers, "PlantStoreDestinationFailing", fail_endpoint,
-                           cure_endpoint)
-        fires_and_resolves(receivers, "PlantStoreInstanceDown", instance.stop,
+        fires_and_resolves(receivers, prom_port, "PlantStoreDatabaseUnreachable",
+                           database.stop, database.start)
+        fires_and_resolves(receivers, prom_port, "PlantStoreDestinationFailing",
+                           fail_endpoint, cure_endpoint)
+        fires_and_resolves(receivers, prom_port, "PlantStoreInstanceDown", instance.stop,
                            lambda: instance.start() or fail(WHAT, "the restart failed"))
         others = sorted({name for _, status, name, _ in receivers.notices} - {
             "PlantStoreDatabaseUnreachable", "PlantStoreDestinationFailing",
