@@ -6,10 +6,14 @@ formation (a monitor and two nodes, built as tests/deploy/failover.py builds it)
 HAProxy, with one webhook endpoint (a receiver process of its own that logs each request's
 arrival) and retention on (PLANTSTORE_DELETION_RETENTION 15m, the idempotency TTL 10m, so
 pruning runs inside the hour). CLIENTS threads delete through HAProxy, each at most RATE
-deletes a second, for SOAK_SECONDS (default 3600). Inside the run:
+deletes a second, for SOAK_SECONDS (default 3600). Inside the run, by default:
 - at a quarter, the primary's postgres is killed with SIGKILL and the standby promoted;
 - at half, instance b is killed with SIGKILL and started again;
 - at three quarters, the receiver answers 503 for two minutes.
+SOAK_FAULTS names other faults, comma-separated, from `primary`, `instance` and `receiver`
+(the default is `primary,instance,receiver`); they are spread evenly over the run (two
+receiver outages land at a third and at two thirds, to tell a leak per outage from a peak
+the allocator keeps).
 Each minute it prints hits/s, the deletes' p99, each instance's RSS and open descriptors, the
 events' delivery lag (p99, arrival less the event's timestamp) and the log's size. At the end
 it fails unless no answer was untrue (a 204 or 404 for a plant still there, a plant gone
@@ -50,6 +54,8 @@ WARM_UP_MIN = 5
 RSS_FLAT_PER_HOUR = 0.05
 FDS_FLAT_PER_HOUR = 8.0
 OUTAGE_S = 120
+FAULTS = {"primary": "primary killed", "instance": "instance b killed",
+          "receiver": "receiver outage"}
 DRAIN_S = 600
 
 
@@ -252,6 +258,11 @@ def chart(rows: list[dict], faults: list[tuple[float, str]], path: Path) -> None
 
 def main() -> int:
     seconds = int(os.environ.get("SOAK_SECONDS", "3600"))
+    named = os.environ.get("SOAK_FAULTS", "primary,instance,receiver").split(",")
+    if set(named) - FAULTS.keys():
+        print(f"SOAK_FAULTS={','.join(named)}: name faults from {', '.join(FAULTS)}",
+              file=sys.stderr)
+        return 2
     binary = str(ROOT / "target/release/plantstore")
     out_dir = ROOT / "bench" / "out" / "soak-faults"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -291,8 +302,8 @@ def main() -> int:
             thread.start()
         faults: list[tuple[float, str]] = []
         samples: dict[int, dict] = {}
-        plan = [(seconds / 4, "primary killed"), (seconds / 2, "instance b killed"),
-                (seconds * 3 / 4, "receiver outage")]
+        plan = [(seconds * (i + 1) / (len(named) + 1), FAULTS[name])
+                for i, name in enumerate(named)]
         minute = 0
         while time.time() - began < seconds:
             if plan and time.time() - began >= plan[0][0]:
