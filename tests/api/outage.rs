@@ -201,6 +201,11 @@ async fn postgres_unreachable_is_503_then_recovers() {
     .await;
     app.add_plants(&[1]).await;
     let address = proxy.address;
+    // Several connections open and idle in the pool when the network goes: all dead after.
+    let checks = (0..5).map(|_| app.get("/readyz"));
+    for answer in futures::future::join_all(checks).await {
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
 
     proxy.cut();
 
@@ -208,8 +213,12 @@ async fn postgres_unreachable_is_503_then_recovers() {
     assert_unavailable(app.get("/readyz").await).await;
     assert!(app.db.plant_exists(1).await);
 
+    // Back: not one request meets a connection the cut left dead.
     let _proxy = Proxy::start(address, upstream).await;
-    assert_eq!(app.get("/readyz").await.status(), StatusCode::OK);
+    let checks = (0..5).map(|_| app.get("/readyz"));
+    for answer in futures::future::join_all(checks).await {
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
     assert_eq!(app.delete("1").await.status(), StatusCode::NO_CONTENT);
 }
 

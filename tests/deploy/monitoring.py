@@ -307,8 +307,7 @@ def main():
 
         def fail_endpoint():
             receivers.failing = True
-            # A delete to make an event; as a client would, again after a 503 (the first
-            # request after the database's restart may meet a connection it closed).
+            # A delete to make an event; as a client would, again after a 503.
             def deleted():
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                 conn.request("DELETE", "/plants/99999",

@@ -8,7 +8,7 @@ use std::{future::Future, sync::Arc};
 use plantstore_group_commit::wait_until;
 use plantstore_store::{StoreError, StoreSettings};
 use sqlx::{
-    Postgres,
+    Connection, Postgres,
     pool::PoolConnection,
     postgres::{PgPool, PgPoolOptions},
 };
@@ -59,12 +59,20 @@ impl Database {
         let attrs = list.attrs;
         let failover = Arc::new(Failover::new(list, settings.acquire_timeout));
         let (index, options) = failover.find().await?;
+        let troubles = Arc::clone(&failover);
         let pool = PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
             // A dead connection fails its statement and is dropped; a ping before every
             // use would add a round trip to each request to find that out sooner.
             .test_before_acquire(false)
+            // Except for connections idle since the database last gave trouble: a restart
+            // or a cut network leaves them dead, and each would cost a request a 503 after
+            // the database is back. One ping finds out first; a dead one is dropped.
+            .before_acquire(move |conn, meta| {
+                let suspect = troubles.troubled_within(meta.idle_for);
+                Box::pin(async move { Ok(!suspect || conn.ping().await.is_ok()) })
+            })
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     // A server demoted since the host was chosen is not used.
@@ -144,7 +152,8 @@ fn classify(err: sqlx::Error) -> StoreError {
 /// The batch statement takes arrays, for which the planner never trusts a generic plan,
 /// so by default it is planned anew on every execution, which costs more than the delete
 /// itself (bench/RESULTS.md, "Figures moved out of code comments"). The service's statements
-/// are all point lookups by key, which a generic plan serves as well. A server too old to
+/// are point lookups by key, which a generic plan serves as well, and the log's prune, whose
+/// batch size is written into it for that reason (`PRUNE_BATCH`). A server too old to
 /// know the setting (before 12) keeps planning each time; nothing else changes.
 async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     use sqlx::Executor;

@@ -9,10 +9,10 @@
 
 use std::{
     sync::{
-        Arc, OnceLock,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use plantstore_store::StoreError;
@@ -37,6 +37,8 @@ pub(crate) struct Failover {
     searching: AtomicBool,
     /// Times `current` moved, for `/metrics`.
     changes: AtomicU64,
+    /// When a request last found the database unavailable, read-only or too slow.
+    last_trouble: Mutex<Option<Instant>>,
 }
 
 impl Failover {
@@ -47,6 +49,7 @@ impl Failover {
             pool: OnceLock::new(),
             current: AtomicUsize::new(0),
             searching: AtomicBool::new(false),
+            last_trouble: Mutex::new(None),
             changes: AtomicU64::new(0),
         }
     }
@@ -114,13 +117,20 @@ impl Failover {
     /// search costs one probe per `SEARCH_PAUSE` at most. Every caller's failure counts,
     /// not only a delete's: a request may meet the database first in the token table's
     /// reload, and fail there for as long as nothing moves. One host alone has nowhere
-    /// else to go.
+    /// else to go, but its connections idle since are still checked before use
+    /// (`troubled_within`).
     pub(crate) fn notice(self: &Arc<Self>, err: &StoreError) {
         let suspect = matches!(
             err,
             StoreError::Unavailable(_) | StoreError::ReadOnly | StoreError::TimedOut
         );
-        if !suspect || self.list.hosts.len() < 2 || self.searching.swap(true, Ordering::AcqRel) {
+        if !suspect {
+            return;
+        }
+        if let Ok(mut last) = self.last_trouble.lock() {
+            *last = Some(Instant::now());
+        }
+        if self.list.hosts.len() < 2 || self.searching.swap(true, Ordering::AcqRel) {
             return;
         }
         let failover = Arc::clone(self);
@@ -141,6 +151,16 @@ impl Failover {
             tokio::time::sleep(SEARCH_PAUSE).await;
             failover.searching.store(false, Ordering::Release);
         });
+    }
+
+    /// Whether the database gave trouble within the last `idle_for`: a connection idle that
+    /// long may have been cut meanwhile (a restart, a network gone).
+    pub(crate) fn troubled_within(&self, idle_for: Duration) -> bool {
+        self.last_trouble
+            .lock()
+            .ok()
+            .and_then(|last| *last)
+            .is_some_and(|at| at.elapsed() < idle_for)
     }
 }
 
