@@ -135,10 +135,11 @@ def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
         proc = svc.start(url, port, log, extra_env={"PLANTSTORE_DELETION_RETENTION": "90d"})
         wait_ready(proc, port, "/readyz", 200, log, 60, time.perf_counter())
         backlog, started = old_entries(db), time.monotonic()
-        while old_entries(db) > 0 and time.monotonic() - started < DRAIN_S:
+        left = backlog
+        while left > 0 and time.monotonic() - started < DRAIN_S:
             time.sleep(DRAIN_POLL_S)
+            left = old_entries(db)
         drained_s = time.monotonic() - started
-        left = old_entries(db)
         PROCS.stop(proc)
         rps, p99 = statistics.median(ratios_rps), statistics.median(ratios_p99)
         ok = rps >= TARGET_HITS and p99 <= TARGET_P99 and left == 0 and not odd

@@ -18,8 +18,9 @@ const EVERY: Duration = Duration::from_secs(60);
 /// The holder renews it before each batch and each round.
 const LEASE: Duration = Duration::from_secs(180);
 /// The pause between batches, in which deletes commit. It caps pruning at `PRUNE_BATCH` a
-/// pause, 2,500 entries a second: at a quarter of this, pruning a backlog on PostgreSQL took
-/// the p99 of deletes at full load a third up (bench/RESULTS.md, "Retention under load").
+/// pause, 2,500 entries a second: a shorter one let pruning a backlog on PostgreSQL raise the
+/// p99 of deletes at full load past the guard (bench/RESULTS.md, "retention on PostgreSQL,
+/// profiled and paced").
 const PAUSE: Duration = Duration::from_millis(200);
 
 /// Prunes the entries deleted before `before` in batches, while `may_go_on` says so before

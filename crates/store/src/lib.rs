@@ -113,7 +113,8 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
 /// The most entries one `prune_deletions` removes: one short statement, so that a delete
 /// waits at most that long behind it. The statements spell it as the literal `LIMIT 500`: as
 /// a parameter, PostgreSQL's generic plan guesses a tenth of the table instead, a cost that
-/// has it JIT-compile every batch (bench/RESULTS.md, "Retention under load").
+/// has it JIT-compile every batch (bench/RESULTS.md, "retention on PostgreSQL, profiled and
+/// paced").
 pub const PRUNE_BATCH: u64 = 500;
 
 /// The deletion log: what was deleted, by whom, and putting it back.
