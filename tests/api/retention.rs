@@ -1,7 +1,8 @@
 //! The deletion log kept to `PLANTSTORE_DELETION_RETENTION` by the running service: entries
 //! older than the retention go, while younger ones and those a destination has yet to
-//! receive stay, and the instance pruning holds the chore's lease until it stops. (A retention shorter than the
-//! idempotency TTL is refused at start: `cli.rs`, with the other bad settings.)
+//! receive stay, and the instance pruning holds the chore's lease until it stops. (A
+//! retention shorter than the idempotency TTL is refused at start: `cli.rs`, with the other
+//! bad settings.)
 
 use std::time::Duration;
 

@@ -158,15 +158,19 @@ def alertmanager(work, receiver_port):
     return process, port
 
 
-def query(prometheus_port, expr):
-    """Prometheus's answer to an instant query: (status, result)."""
-    url = (f"http://127.0.0.1:{prometheus_port}/api/v1/query?"
-           + urllib.parse.urlencode({"query": expr}))
+def api(prometheus_port, path):
+    """Prometheus's HTTP API answer at `path` (after `/api/v1/`), an error's body too."""
+    url = f"http://127.0.0.1:{prometheus_port}/api/v1/{path}"
     try:
         with urllib.request.urlopen(url, timeout=10) as answer:
-            body = json.loads(answer.read())
+            return json.loads(answer.read())
     except urllib.error.HTTPError as err:
-        body = json.loads(err.read() or b"{}")
+        return json.loads(err.read() or b"{}")
+
+
+def query(prometheus_port, expr):
+    """Prometheus's answer to an instant query: (status, result)."""
+    body = api(prometheus_port, "query?" + urllib.parse.urlencode({"query": expr}))
     return body.get("status"), body.get("data", {}).get("result", []) or body.get("error")
 
 
@@ -238,9 +242,7 @@ def check_dashboard(prometheus_port):
 
 def rule_for(prometheus_port, alertname):
     """The `for:` of `alertname` as the running Prometheus loaded it, in seconds."""
-    url = f"http://127.0.0.1:{prometheus_port}/api/v1/rules?type=alert"
-    with urllib.request.urlopen(url, timeout=10) as answer:
-        groups = json.load(answer)["data"]["groups"]
+    groups = api(prometheus_port, "rules?type=alert").get("data", {}).get("groups", [])
     durations = [rule["duration"] for group in groups for rule in group["rules"]
                  if rule["name"] == alertname]
     if len(durations) != 1:

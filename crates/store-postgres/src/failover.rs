@@ -49,8 +49,8 @@ impl Failover {
             pool: OnceLock::new(),
             current: AtomicUsize::new(0),
             searching: AtomicBool::new(false),
-            last_trouble: Mutex::new(None),
             changes: AtomicU64::new(0),
+            last_trouble: Mutex::new(None),
         }
     }
 
