@@ -177,7 +177,19 @@ impl DeliveryLoop {
             if log_may_hold_more && pending.room() >= WINDOW / 4 {
                 // Seen before reading: a commit after this is news again.
                 self.commits.mark_seen();
-                log_may_hold_more = self.read(&mut pending).await;
+                // A read that found events waits for the synchronous standbys to hold them,
+                // as long as a partition lasts; a stopping instance stops waiting.
+                let mut stopping = self.stopping.clone();
+                let read = tokio::select! {
+                    more = self.read(&mut pending) => Some(more),
+                    () = stop_requested(&mut stopping) => None,
+                };
+                let Some(more) = read else {
+                    return self
+                        .finish(&mut in_flight, &mut pending, &mut progress, &mut subjects)
+                        .await;
+                };
+                log_may_hold_more = more;
                 last_read = Instant::now();
             }
             while in_flight.len() < IN_FLIGHT
@@ -270,6 +282,7 @@ impl DeliveryLoop {
                 pending.add(events, |event| self.lease.events.contains(&event.kind));
                 full
             }
+            // Nothing was added: the next read starts from the same place.
             Err(err) => {
                 tracing::warn!(error = %err, "cannot read the deletion log for deletion events");
                 false

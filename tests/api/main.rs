@@ -29,5 +29,6 @@ mod routing;
 mod scale_out;
 mod security;
 mod streams;
+mod sync_standby;
 mod under_load;
 mod webhooks;

@@ -97,6 +97,15 @@ impl Database {
             .map_err(|err| self.report_to_failover(StoreError::Unavailable(Arc::new(err))))
     }
 
+    /// A connection for statements whose caller may stop waiting mid-way (see
+    /// `Interruptible`).
+    pub(crate) async fn interruptible_conn(&self) -> Result<Interruptible, StoreError> {
+        Ok(Interruptible {
+            conn: self.conn().await?,
+            finished: false,
+        })
+    }
+
     pub(crate) fn error(&self, err: sqlx::Error) -> StoreError {
         self.report_to_failover(classify(err))
     }
@@ -128,6 +137,33 @@ impl Database {
     pub(crate) fn report_to_failover(&self, err: StoreError) -> StoreError {
         self.failover.notice(&err);
         err
+    }
+}
+
+/// A connection whose statement may be dropped unfinished (a stopping service stops
+/// waiting for a standby that does not answer): then closed, not handed back to the pool,
+/// where its next user, and the pool's close at shutdown, would wait for that statement.
+/// Handed back as usual once `finished`.
+pub(crate) struct Interruptible {
+    conn: PoolConnection<Postgres>,
+    finished: bool,
+}
+
+impl Interruptible {
+    pub(crate) fn conn(&mut self) -> &mut sqlx::PgConnection {
+        &mut self.conn
+    }
+
+    pub(crate) fn finished(mut self) {
+        self.finished = true;
+    }
+}
+
+impl Drop for Interruptible {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.conn.close_on_drop();
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use plantstore_store::{
 };
 use sqlx::Acquire;
 
-use crate::{PostgresStore, announcements::announce_in};
+use crate::{PostgresStore, announcements::announce_in, sync_replication::replicated};
 
 #[async_trait]
 impl DeletionLog for PostgresStore {
@@ -95,9 +95,10 @@ impl DeletionLog for PostgresStore {
         announce_in(&mut tx, &self.announcer)
             .await
             .map_err(|err| db.error(err))?;
-        tx.commit()
+        // A restore told "done" is one the synchronous standbys hold, as for a delete.
+        replicated(db, tx.commit())
             .await
-            .map_err(|err| RestoreError::from_insert(db.error(err)))?;
+            .map_err(RestoreError::from_insert)?;
         self.news.bump();
         Ok(plant_id)
     }

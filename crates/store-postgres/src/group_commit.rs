@@ -19,6 +19,7 @@ use tokio::{sync::Semaphore, time::Instant};
 use crate::{
     announcements::{Announcer, AnnouncerId},
     database::Database,
+    sync_replication::replicated,
 };
 
 /// Commits the batches: each is one autocommit statement, so one round trip.
@@ -82,7 +83,7 @@ impl PgBatchWriter {
         };
         // Past the deadline the request was answered 503: roll back (drop) instead.
         remaining(deadline)?;
-        tx.commit().await.map_err(|err| db.error(err))?;
+        replicated(db, tx.commit()).await?;
         Ok(outcome)
     }
 }
@@ -260,13 +261,16 @@ pub(crate) async fn run(
         tx.execute(AssertSqlSafe(local_limits(deadline)?))
             .await
             .map_err(|err| db.error(err))?;
-        let row = statement(db, &mut tx, batch, idempotency_ttl).await?;
+        let row = statement(&mut tx, batch, idempotency_ttl)
+            .await
+            .map_err(|err| db.error(err))?;
         // Past the deadline the request was answered 503: roll back (drop) instead.
         remaining(deadline)?;
-        tx.commit().await.map_err(|err| db.error(err))?;
+        replicated(db, tx.commit()).await?;
         row
     } else {
-        statement(db, conn, batch, idempotency_ttl).await?
+        // Autocommit: the statement's answer is its commit's.
+        replicated(db, statement(conn, batch, idempotency_ttl)).await?
     };
     // Positions in the statement count from 1.
     let earlier: HashMap<usize, i64> = row
@@ -284,11 +288,10 @@ pub(crate) async fn run(
 }
 
 async fn statement(
-    db: &Database,
     conn: &mut PgConnection,
     batch: &[Deletion],
     idempotency_ttl: f64,
-) -> Result<BatchRow, StoreError> {
+) -> Result<BatchRow, sqlx::Error> {
     let ids: Vec<i64> = batch.iter().map(|d| d.plant_id).collect();
     let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
     let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
@@ -345,7 +348,6 @@ async fn statement(
         )
         .fetch_one(&mut *conn)
         .await
-        .map_err(|err| db.error(err))
 }
 
 type WorkerConnection = LimitedConnection<PoolConnection<Postgres>>;

@@ -8,6 +8,7 @@ mod deletion_log;
 mod failover;
 mod group_commit;
 mod hosts;
+mod sync_replication;
 mod tokens;
 mod webhooks;
 
@@ -50,6 +51,11 @@ impl std::fmt::Debug for PostgresStore {
 impl PostgresStore {
     /// Opens the pool and one connection, so a wrong host or password fails at start.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
+        if !sync_replication::notices_visible() {
+            return Err(StoreError::Config(
+                "this build's tracing hides WARNING notices, so it cannot tell a commit the synchronous standbys lack".into(),
+            ));
+        }
         let db = Database::open(url, &settings).await?;
         // Group commits in flight, each on its own connection. Two let one batch execute
         // while the other waits for its WAL flush; more workers made smaller batches and

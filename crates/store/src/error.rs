@@ -58,6 +58,14 @@ pub enum StoreError {
     #[error("the outcome of the delete is unknown")]
     OutcomeUnknown,
 
+    /// The commit's wait for the synchronous standbys ended early (a cancel, such as a
+    /// pooler's query timeout): it is committed on this server, but a failover may still
+    /// take it back, so it cannot be vouched for.
+    #[error(
+        "the commit's wait for the synchronous standbys was cancelled: committed here, but a failover may take it back"
+    )]
+    NotReplicated,
+
     #[error("database error: {0}")]
     Other(#[source] Arc<sqlx::Error>),
 

@@ -280,7 +280,8 @@ pub trait Webhooks: Send + Sync {
     ) -> Result<Vec<Lease>, StoreError>;
 
     /// Up to `limit` events after `after`, in stream order; only events whose place can
-    /// no longer be taken by a later commit.
+    /// no longer be taken by a later commit, and that a failover cannot take back (on
+    /// PostgreSQL, those the synchronous standbys hold).
     async fn read_events(
         &self,
         after: StreamPosition,

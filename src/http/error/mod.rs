@@ -272,7 +272,7 @@ impl From<StoreError> for ApiError {
                 ApiError::Unavailable
             }
             // A retry is safe: it finds the plant gone (404), or replays its key's 204.
-            StoreError::OutcomeUnknown => {
+            StoreError::OutcomeUnknown | StoreError::NotReplicated => {
                 tracing::error!(error = %err, "a delete's outcome is unknown");
                 ApiError::Unavailable
             }

@@ -1,0 +1,203 @@
+//! Commits the synchronous standbys hold. PostgreSQL tells a client "committed" only once
+//! the standbys named in `synchronous_standby_names` have the commit, with one exception:
+//! when the wait is cancelled (`pg_cancel_backend`, a pooler's query timeout, a
+//! `statement_timeout`), the commit is answered as a success carrying a WARNING, though
+//! the standbys may lack it and a failover would take it back. That WARNING is the only
+//! sign, so every commit whose answer a user or a receiver is told of runs through
+//! `replicated`, which turns it into `StoreError::NotReplicated`.
+//!
+//! Why this sees every such WARNING, whatever subscriber the application installed:
+//! - sqlx decodes a notice only in `PgStream::recv`, while the future that awaits the
+//!   statement is polled; the statement futures (`fetch_*`, `execute`, `commit`) read up to
+//!   the statement's `ReadyForQuery` before they resolve, and PostgreSQL sends the WARNING
+//!   before it, so it is decoded inside one of the polls of that future, on the polling
+//!   thread;
+//! - sqlx then emits a tracing event, target `sqlx::postgres::notice`, level WARN, to the
+//!   thread's current dispatcher, which for each of those polls is `NoticeWatch`
+//!   (`dispatcher::with_default`). It is one dispatcher, made once and never dropped, so
+//!   tracing asks it about every callsite: the notice's callsites stay enabled at WARN
+//!   whatever the application's filter says.
+//!
+//! The severity is the signal, not the text: PostgreSQL gives this WARNING the generic
+//! SQLSTATE 01000, and a commit has no other WARNING to give, so any WARNING (or worse)
+//! on a commit's answer is a commit we cannot vouch for. Every other event during those
+//! polls goes on to the dispatcher that was current, so the log is as it was.
+
+use std::{
+    cell::{Cell, RefCell},
+    future::{Future, poll_fn},
+    pin::pin,
+    sync::LazyLock,
+};
+
+use plantstore_store::StoreError;
+use tracing::{
+    Dispatch, Event, Level, Metadata, Subscriber, dispatcher,
+    level_filters::{LevelFilter, STATIC_MAX_LEVEL},
+    span,
+    subscriber::Interest,
+};
+
+use crate::database::Database;
+
+/// Where sqlx logs the notices a server sends.
+const NOTICE_TARGET: &str = "sqlx::postgres::notice";
+
+/// Runs `statement`, whose success is a commit, and returns its result unless the answer
+/// carried a WARNING (then `StoreError::NotReplicated`). Errors are sorted by `db`.
+pub(crate) async fn replicated<T>(
+    db: &Database,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, StoreError> {
+    let (result, warned) = watching_notices(statement).await;
+    let value = result.map_err(|err| db.error(err))?;
+    if warned {
+        tracing::error!(
+            "the commit's wait for the synchronous standbys was cancelled: it is committed on this server, but not vouched for"
+        );
+        return Err(StoreError::NotReplicated);
+    }
+    Ok(value)
+}
+
+/// Whether this build can see the notices at all: a `tracing` built with a static
+/// maximum level below WARN (its `max_level_error` feature) would hide them.
+pub(crate) fn notices_visible() -> bool {
+    STATIC_MAX_LEVEL >= LevelFilter::WARN
+}
+
+/// `statement`'s output, and whether a notice of WARNING or worse came during its polls.
+async fn watching_notices<T>(statement: impl Future<Output = T>) -> (T, bool) {
+    let mut statement = pin!(statement);
+    let mut warned = false;
+    if dispatcher::get_default(|current| current.is::<NoticeWatch>()) {
+        // Inside a watched statement already: the outer watch sees it.
+        return (statement.await, false);
+    }
+    let output = poll_fn(|cx| {
+        let outer = dispatcher::get_default(Dispatch::clone);
+        OUTER.replace(Some(outer));
+        WARNED.set(false);
+        let poll = dispatcher::with_default(&WATCH, || statement.as_mut().poll(cx));
+        warned |= WARNED.take();
+        OUTER.take();
+        poll
+    })
+    .await;
+    (output, warned)
+}
+
+thread_local! {
+    /// The dispatcher that was current when the watched poll began, for every other event.
+    static OUTER: RefCell<Option<Dispatch>> = const { RefCell::new(None) };
+    /// Set when a notice of WARNING or worse came during the watched poll.
+    static WARNED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Made once: each new dispatcher makes tracing recompute every callsite's interest.
+static WATCH: LazyLock<Dispatch> = LazyLock::new(|| {
+    LazyLock::force(&SECOND);
+    Dispatch::new(NoticeWatch)
+});
+
+/// Never current, only registered. While at most one dispatcher was ever made,
+/// tracing-core asks the current thread's dispatcher, not the list of them, about a
+/// callsite met for the first time. In a process with no global subscriber (a test, a
+/// command), a notice first met outside a watched statement (a WARNING on a connection
+/// that a crash ends) would then be disabled for good, and missed inside one.
+static SECOND: LazyLock<Dispatch> = LazyLock::new(|| Dispatch::new(NoticeWatch));
+
+/// The dispatcher of the watched polls: it notes the notices and forwards every event to
+/// the dispatcher that was current. Spans are not made while it is current (none are
+/// opened inside a statement).
+struct NoticeWatch;
+
+fn is_warning_notice(metadata: &Metadata<'_>) -> bool {
+    metadata.target() == NOTICE_TARGET && *metadata.level() <= Level::WARN
+}
+
+fn with_outer<T>(f: impl FnOnce(&Dispatch) -> T) -> Option<T> {
+    OUTER.with_borrow(|outer| outer.as_ref().map(f))
+}
+
+impl Subscriber for NoticeWatch {
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        // Only the notices' callsites: saying "sometimes" to others would make tracing ask
+        // the application's dispatcher about each of their events, not once.
+        if is_warning_notice(metadata) {
+            Interest::sometimes()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(LevelFilter::WARN)
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        if metadata.is_span() {
+            return false;
+        }
+        is_warning_notice(metadata) || with_outer(|outer| outer.enabled(metadata)).unwrap_or(false)
+    }
+
+    fn event(&self, event: &Event<'_>) {
+        if is_warning_notice(event.metadata()) {
+            WARNED.set(true);
+        }
+        with_outer(|outer| {
+            if outer.enabled(event.metadata()) {
+                outer.event(event);
+            }
+        });
+    }
+
+    // Never called: `enabled` refuses every span.
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+    fn enter(&self, _: &span::Id) {}
+    fn exit(&self, _: &span::Id) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_build_can_see_warnings() {
+        assert!(notices_visible());
+    }
+
+    /// The event as sqlx emits it, with no subscriber of the test's own: seen when it is a
+    /// WARNING or worse, not when it is a NOTICE, and only inside the watched future.
+    #[tokio::test]
+    async fn a_warning_notice_inside_the_statement_is_seen() {
+        let warn = async { tracing::event!(target: NOTICE_TARGET, Level::WARN, message = "x") };
+        assert!(watching_notices(warn).await.1);
+        let error = async { tracing::event!(target: NOTICE_TARGET, Level::ERROR, message = "x") };
+        assert!(watching_notices(error).await.1);
+        let notice = async { tracing::event!(target: NOTICE_TARGET, Level::INFO, message = "x") };
+        assert!(!watching_notices(notice).await.1);
+        let elsewhere = async { tracing::warn!(target: "sqlx::query", "x") };
+        assert!(!watching_notices(elsewhere).await.1);
+        let quiet = async {};
+        assert!(!watching_notices(quiet).await.1);
+    }
+
+    fn server_warning() {
+        tracing::event!(target: NOTICE_TARGET, Level::WARN, message = "x");
+    }
+
+    /// The notice's callsite met first outside a watched statement, as on a connection a
+    /// crash ends, is still seen inside one.
+    #[tokio::test]
+    async fn a_notice_first_met_outside_a_watch_is_still_seen_inside_one() {
+        LazyLock::force(&WATCH);
+        server_warning();
+        assert!(watching_notices(async { server_warning() }).await.1);
+    }
+}

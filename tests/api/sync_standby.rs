@@ -1,0 +1,370 @@
+//! A PostgreSQL primary with a synchronous standby, whose replication link (a relay the
+//! test owns) is frozen while `DELETE /plants/2` commits. The commit then becomes visible
+//! the three ways PostgreSQL allows before the standby has it: crash recovery, a cancelled
+//! wait, a terminated backend. Then the primary dies and the standby is promoted, which
+//! takes the delete back. A webhook endpoint and a stream destination must have been told
+//! nothing of it; the cancelled one must not have been answered 204; and the service goes
+//! on, by itself, on the promoted server.
+//!
+//! The negative control (`cargo test --features negative-control`) runs the same scenarios
+//! in a build whose deliveries do not wait for the standby: there the phantom must reach
+//! both destinations, or the scenario proves nothing.
+
+use std::{collections::HashSet, time::Duration};
+
+use reqwest::StatusCode;
+use sqlx::{Connection, PgConnection};
+
+use crate::{
+    fixtures::{
+        nats::{NatsServer, read_stream, stream_config},
+        pg_server::PgServer,
+        proxy::Proxy,
+        receiver::{Receiver, Reply},
+    },
+    helpers::{TestApp, TestDb, eventually, plantstore_on, spawn_app_on, succeeded},
+};
+
+const STANDBY: &str = "standby1";
+const STREAM: &str = "PLANTS";
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// How a commit waiting for the standby becomes visible to other sessions.
+#[derive(Debug, Clone, Copy)]
+enum Exposure {
+    /// The waiting backend is killed (SIGKILL): the postmaster restarts, and crash recovery
+    /// marks the commit committed.
+    CrashRestart,
+    /// `pg_cancel_backend`, as a pooler's query timeout: the commit is answered as a
+    /// success with a WARNING.
+    Cancel,
+    /// `pg_terminate_backend`, as a fast shutdown: the connection ends.
+    Terminate,
+}
+
+/// Runs `$check` once per `Exposure`, as the tests `$module::postgres_*`.
+macro_rules! each_exposure {
+    ($module:ident, $check:ident) => {
+        mod $module {
+            use super::{Exposure, $check};
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_crash_restart() {
+                $check(Exposure::CrashRestart).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_cancel() {
+                $check(Exposure::Cancel).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres_terminate() {
+                $check(Exposure::Terminate).await;
+            }
+        }
+    };
+}
+
+#[cfg(not(feature = "negative-control"))]
+each_exposure!(barrier, no_event_for_what_the_failover_took_back);
+#[cfg(feature = "negative-control")]
+each_exposure!(
+    negative_control_without_the_barrier,
+    phantom_without_the_barrier
+);
+
+#[cfg(not(feature = "negative-control"))]
+async fn no_event_for_what_the_failover_took_back(exposure: Exposure) {
+    let mut run = Scenario::start().await;
+    let answer = run.expose_a_frozen_delete(exposure).await;
+    // Both deliveries read the exposed entry and wait for the standby to hold it.
+    run.wait_for_barriers(2).await;
+    let events = run.fail_over_and_delete_again().await;
+    eprintln!(
+        "{exposure:?}: {} events, {} for entries the promoted server lacks; the frozen delete was answered {answer:?}",
+        events.received.len(),
+        events.phantoms.len()
+    );
+    assert_ne!(answer, Some(StatusCode::NO_CONTENT), "{exposure:?}");
+    assert!(
+        events.phantoms.is_empty(),
+        "{exposure:?}: events for entries the promoted server lacks: {:?}",
+        events.phantoms
+    );
+}
+
+#[cfg(feature = "negative-control")]
+async fn phantom_without_the_barrier(exposure: Exposure) {
+    let mut run = Scenario::start().await;
+    let answer = run.expose_a_frozen_delete(exposure).await;
+    run.wait_for_frozen_events().await;
+    let events = run.fail_over_and_delete_again().await;
+    eprintln!(
+        "negative control, {exposure:?}: {} events, {} for entries the promoted server lacks; the frozen delete was answered {answer:?}",
+        events.received.len(),
+        events.phantoms.len()
+    );
+    for destination in ["webhook", "stream"] {
+        assert!(
+            events
+                .phantoms
+                .iter()
+                .any(|(to, _, plant)| *to == destination && *plant == 2),
+            "{exposure:?}: no phantom at the {destination} without the barrier: {events:?}"
+        );
+    }
+}
+
+/// The cluster, the service on both hosts, a webhook receiver and a JetStream stream.
+struct Scenario {
+    primary: PgServer,
+    standby: PgServer,
+    link: Proxy,
+    app: TestApp,
+    receiver: Receiver,
+    nats: NatsServer,
+}
+
+/// What the destinations got, and of it what names an entry the promoted server lacks.
+#[derive(Debug)]
+struct Events {
+    /// (destination, deletion id, plant id) of every event received.
+    received: Vec<(&'static str, i64, i64)>,
+    phantoms: Vec<(&'static str, i64, i64)>,
+}
+
+impl Scenario {
+    /// Plant 1 deleted, and its event received by both destinations, before anything
+    /// fails: a scenario whose deliveries do not work proves nothing.
+    async fn start() -> Self {
+        let primary = tokio::task::spawn_blocking(|| {
+            PgServer::start_with(&[&format!("synchronous_standby_names={STANDBY}")])
+        })
+        .await
+        .expect("the primary starts");
+        let upstream = format!("127.0.0.1:{}", primary.port());
+        let link = Proxy::start("127.0.0.1:0".parse().expect("an address"), upstream).await;
+        let via_link = link.address.to_string();
+        let standby =
+            tokio::task::spawn_blocking(move || PgServer::start_standby(&via_link, STANDBY))
+                .await
+                .expect("the standby starts");
+        let admin = primary.admin_url();
+        eventually(WITHIN, "the standby replicating synchronously", || async {
+            let mut conn = PgConnection::connect(&admin).await.ok()?;
+            let state: Option<String> = sqlx::query_scalar(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = $1",
+            )
+            .bind(STANDBY)
+            .fetch_optional(&mut conn)
+            .await
+            .ok()?;
+            (state.as_deref() == Some("sync")).then_some(())
+        })
+        .await;
+
+        let db = TestDb::postgres_on(admin).await;
+        let hosts = format!("127.0.0.1:{},127.0.0.1:{}", primary.port(), standby.port());
+        let url = format!("{}?target_session_attrs=read-write", db.url_via(&hosts));
+        let receiver = Receiver::start(&[], Reply::Status(204)).await;
+        let nats = NatsServer::start().await;
+        nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
+            .await;
+        let app = spawn_app_on(db, |config| {
+            config.database_url = url.clone().into();
+            config.serve.webhooks.webhook_timeout = Duration::from_millis(1000);
+            config.serve.webhooks.webhook_retry_min = Duration::from_millis(50);
+            config.serve.webhooks.webhook_retry_max = Duration::from_millis(500);
+        })
+        .await;
+        app.add_plants(&[1, 2, 3]).await;
+        let out = succeeded(&plantstore_on(&url, &["webhooks", "add", &receiver.url]));
+        receiver.verify_with(out.lines().last().expect("the secret"));
+        succeeded(&plantstore_on(
+            &url,
+            &["streams", "add", &nats.url(), "--stream", STREAM],
+        ));
+        let run = Self {
+            primary,
+            standby,
+            link,
+            app,
+            receiver,
+            nats,
+        };
+        assert_eq!(run.app.delete_id(1).await.status(), StatusCode::NO_CONTENT);
+        run.wait_for_plant_events(1, "plant 1's events before the freeze")
+            .await;
+        // And saved: a save waits for the standby too, and one still due when the link
+        // freezes would hold its delivery before it reads again.
+        let url = run.test_db_url_on(&run.primary);
+        let saved = "SELECT count(*) FROM plantstore_webhook_endpoints
+                     WHERE delivered_through IS NOT NULL";
+        count_reaches(&url, saved, 2, "both destinations' progress saved").await;
+        run
+    }
+
+    /// Freezes the link, sends `DELETE /plants/2`, sees its commit wait in `SyncRep`, and
+    /// makes it visible as `exposure` says; the delete's answer, if it came.
+    async fn expose_a_frozen_delete(&mut self, exposure: Exposure) -> Option<StatusCode> {
+        self.link.stall();
+        let request = self
+            .app
+            .delete_request("2")
+            .bearer_auth(&self.app.token)
+            .send();
+        let answer = tokio::spawn(async move { request.await.map(|r| r.status()).ok() });
+        let admin = self.primary.admin_url();
+        let waiting = eventually(WITHIN, "the delete's commit waiting in SyncRep", || async {
+            let mut conn = PgConnection::connect(&admin).await.ok()?;
+            sqlx::query_scalar::<_, i32>(
+                "SELECT pid FROM pg_stat_activity
+                 WHERE application_name = 'plantstore' AND wait_event = 'SyncRep'
+                   AND query LIKE '%DELETE FROM plants%'",
+            )
+            .fetch_optional(&mut conn)
+            .await
+            .ok()?
+        })
+        .await;
+        match exposure {
+            Exposure::CrashRestart => {
+                let killed = std::process::Command::new("kill")
+                    .args(["-KILL", &waiting.to_string()])
+                    .status()
+                    .expect("kill runs");
+                assert!(killed.success(), "the waiting backend killed");
+            }
+            Exposure::Cancel | Exposure::Terminate => {
+                let function = match exposure {
+                    Exposure::Cancel => "pg_cancel_backend",
+                    _ => "pg_terminate_backend",
+                };
+                let mut conn = PgConnection::connect(&admin).await.expect("admin");
+                let done: bool =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {function}($1)")))
+                        .bind(waiting)
+                        .fetch_one(&mut conn)
+                        .await
+                        .expect("the backend signalled");
+                assert!(done, "{function} found the backend");
+            }
+        }
+        // The primary, restarted or not, now shows the delete, which the standby lacks.
+        let logged = "SELECT count(*) FROM plantstore_deletions WHERE plant_id = 2";
+        let url = self.test_db_url_on(&self.primary);
+        count_reaches(&url, logged, 1, "the frozen delete visible on the primary").await;
+        tokio::time::timeout(WITHIN, answer)
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .flatten()
+    }
+
+    /// Waits until `count` of the service's sessions wait to commit the barrier after a
+    /// read: the deliveries have seen the exposed entry, and hold its events back.
+    #[cfg(not(feature = "negative-control"))]
+    async fn wait_for_barriers(&self, count: i64) {
+        let admin = self.primary.admin_url();
+        let at_barrier = "SELECT count(*) FROM pg_stat_activity
+                          WHERE application_name = 'plantstore' AND state = 'active'
+                            AND query LIKE '%pg_logical_emit_message%'";
+        count_reaches(
+            &admin,
+            at_barrier,
+            count,
+            "both deliveries waiting at the barrier",
+        )
+        .await;
+    }
+
+    /// The negative control: both destinations get the frozen delete's event.
+    #[cfg(feature = "negative-control")]
+    async fn wait_for_frozen_events(&self) {
+        self.wait_for_plant_events(2, "the phantom's events without the barrier")
+            .await;
+    }
+
+    /// Kills the primary, promotes the standby, and deletes plant 3 until the service,
+    /// on its own, answers 204 from the promoted server; once plant 3's events are in,
+    /// what the destinations got.
+    async fn fail_over_and_delete_again(&mut self) -> Events {
+        self.primary.stop_immediately();
+        self.standby.promote();
+        eventually(
+            WITHIN,
+            "a delete answered 204 on the promoted server",
+            || async {
+                (self.app.delete_id(3).await.status() == StatusCode::NO_CONTENT).then_some(())
+            },
+        )
+        .await;
+        self.wait_for_plant_events(3, "plant 3's events after the failover")
+            .await;
+        let mut conn = PgConnection::connect(&self.test_db_url_on(&self.standby))
+            .await
+            .expect("the promoted server");
+        let entries: HashSet<(i64, i64)> =
+            sqlx::query_as("SELECT id, plant_id FROM plantstore_deletions")
+                .fetch_all(&mut conn)
+                .await
+                .expect("the promoted server's log")
+                .into_iter()
+                .collect();
+        let received = self.received().await;
+        let phantoms = received
+            .iter()
+            .filter(|(_, entry, plant)| !entries.contains(&(*entry, *plant)))
+            .copied()
+            .collect();
+        Events { received, phantoms }
+    }
+
+    /// Waits until both destinations have an event for `plant`.
+    async fn wait_for_plant_events(&self, plant: i64, what: &str) {
+        eventually(WITHIN, what, || async {
+            let received = self.received().await;
+            let got = |kind| received.iter().any(|(to, _, p)| *to == kind && *p == plant);
+            (got("webhook") && got("stream")).then_some(())
+        })
+        .await;
+    }
+
+    /// (destination, deletion id, plant id) of every event the destinations got.
+    async fn received(&self) -> Vec<(&'static str, i64, i64)> {
+        let ids = |data: &serde_json::Value| {
+            Some((data["deletion_id"].as_i64()?, data["plant_id"].as_i64()?))
+        };
+        let mut events: Vec<_> = self
+            .receiver
+            .accepted()
+            .iter()
+            .filter_map(|request| ids(&request.json["data"]))
+            .map(|(entry, plant)| ("webhook", entry, plant))
+            .collect();
+        let stream = read_stream(&self.nats.jetstream().await, STREAM).await;
+        events.extend(
+            stream
+                .iter()
+                .filter_map(|message| ids(&message.body["data"]))
+                .map(|(entry, plant)| ("stream", entry, plant)),
+        );
+        events
+    }
+
+    /// The test database's URL on one server of the pair.
+    fn test_db_url_on(&self, server: &PgServer) -> String {
+        self.app.db.url_via(&format!("127.0.0.1:{}", server.port()))
+    }
+}
+
+/// Waits until `sql`, a count, reaches `wanted` on the server and database of `url`.
+async fn count_reaches(url: &str, sql: &'static str, wanted: i64, what: &str) {
+    eventually(WITHIN, what, || async {
+        let mut conn = PgConnection::connect(url).await.ok()?;
+        let count: i64 = sqlx::query_scalar(sql).fetch_one(&mut conn).await.ok()?;
+        (count >= wanted).then_some(())
+    })
+    .await;
+}
