@@ -50,11 +50,9 @@ pub(crate) async fn replicated<T>(
     statement: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> Result<T, StoreError> {
     let (result, warned) = watching_notices(statement).await;
+    // Logged once, by the caller that answers for it (`StoreError`'s text says what).
     let value = result.map_err(|err| db.error(err))?;
     if warned {
-        tracing::error!(
-            "the commit's wait for the synchronous standbys was cancelled: it is committed on this server, but not vouched for"
-        );
         return Err(StoreError::NotReplicated);
     }
     Ok(value)
@@ -77,7 +75,6 @@ async fn watching_notices<T>(statement: impl Future<Output = T>) -> (T, bool) {
     let output = poll_fn(|cx| {
         let outer = dispatcher::get_default(Dispatch::clone);
         OUTER.replace(Some(outer));
-        WARNED.set(false);
         let poll = dispatcher::with_default(&WATCH, || statement.as_mut().poll(cx));
         warned |= WARNED.take();
         OUTER.take();
