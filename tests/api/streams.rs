@@ -357,6 +357,70 @@ async fn add_refuses_what_cannot_work_and_never_prints_the_password() {
     assert!(destinations(&db.url).is_empty());
 }
 
+/// A broker that requires TLS, with a certificate no trusted root signed: `tls://` and a
+/// plain `nats://` to it are both refused in one line that says why, never a panic (two
+/// TLS crypto providers compiled in, with none chosen, made rustls panic here).
+#[tokio::test]
+async fn a_tls_broker_with_an_untrusted_certificate_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("a folder for the certificate");
+    let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-nodes", "-days", "2", "-newkey", "ec"])
+        .args([
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(made.status.success(), "{made:?}");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut broker = std::process::Command::new("nats-server")
+        .args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--tls",
+            "--tlscert",
+        ])
+        .arg(&cert)
+        .arg("--tlskey")
+        .arg(&key)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server runs");
+    eventually(WITHIN, "the TLS broker listening", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    succeeded(&plantstore_on(&db.url, &["migrate"]));
+    for url in [
+        format!("tls://127.0.0.1:{port}"),
+        format!("nats://127.0.0.1:{port}"),
+    ] {
+        let line = refused(&plantstore_on(
+            &db.url,
+            &["streams", "add", &url, "--stream", STREAM],
+        ));
+        assert!(line.contains("certificate"), "{url}: {line}");
+    }
+    let _ = broker.kill();
+    let _ = broker.wait();
+}
+
 /// `plantstore serve` as its own process, killed (SIGKILL) on `kill` or when the test ends,
 /// however it ends.
 struct ServeProcess(std::process::Child);
