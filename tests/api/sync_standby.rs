@@ -28,6 +28,8 @@ use crate::{
 const STANDBY: &str = "standby1";
 const STREAM: &str = "PLANTS";
 const WITHIN: Duration = Duration::from_secs(30);
+/// The `Idempotency-Key` of the frozen delete that carries one.
+const FROZEN_KEY: &str = "frozen";
 
 /// How a commit waiting for the standby becomes visible to other sessions.
 #[derive(Debug, Clone, Copy)]
@@ -77,16 +79,21 @@ each_exposure!(
 #[cfg(not(feature = "negative-control"))]
 async fn no_event_for_what_the_failover_took_back(exposure: Exposure) {
     let mut run = Scenario::start().await;
-    let answer = run.expose_a_frozen_delete(exposure).await;
-    // Both deliveries read the exposed entry and wait for the standby to hold it.
+    let answers = run.expose_frozen_deletes(exposure).await;
+    // Both deliveries read the exposed entries and wait for the standby to hold them.
     run.wait_for_barriers(2).await;
+    let retried = run.retry_the_keyed_delete().await;
     let events = run.fail_over_and_delete_again().await;
     eprintln!(
-        "{exposure:?}: {} events, {} for entries the promoted server lacks; the frozen delete was answered {answer:?}",
+        "{exposure:?}: {} events, {} for entries the promoted server lacks; the frozen deletes were answered {answers:?}, the keyed one's retry {retried}",
         events.received.len(),
         events.phantoms.len()
     );
-    assert_ne!(answer, Some(StatusCode::NO_CONTENT), "{exposure:?}");
+    assert!(
+        !answers.contains(&Some(StatusCode::NO_CONTENT)),
+        "{exposure:?}: {answers:?}"
+    );
+    assert_ne!(retried, StatusCode::NO_CONTENT, "{exposure:?}: the retry");
     assert!(
         events.phantoms.is_empty(),
         "{exposure:?}: events for entries the promoted server lacks: {:?}",
@@ -97,11 +104,11 @@ async fn no_event_for_what_the_failover_took_back(exposure: Exposure) {
 #[cfg(feature = "negative-control")]
 async fn phantom_without_the_barrier(exposure: Exposure) {
     let mut run = Scenario::start().await;
-    let answer = run.expose_a_frozen_delete(exposure).await;
+    let answers = run.expose_frozen_deletes(exposure).await;
     run.wait_for_frozen_events().await;
     let events = run.fail_over_and_delete_again().await;
     eprintln!(
-        "negative control, {exposure:?}: {} events, {} for entries the promoted server lacks; the frozen delete was answered {answer:?}",
+        "negative control, {exposure:?}: {} events, {} for entries the promoted server lacks; the frozen deletes were answered {answers:?}",
         events.received.len(),
         events.phantoms.len()
     );
@@ -173,12 +180,14 @@ impl Scenario {
             .await;
         let app = spawn_app_on(db, |config| {
             config.database_url = url.clone().into();
+            // Two commit workers, so the two frozen deletes commit side by side.
+            config.db_max_connections = 8;
             config.serve.webhooks.webhook_timeout = Duration::from_millis(1000);
             config.serve.webhooks.webhook_retry_min = Duration::from_millis(50);
             config.serve.webhooks.webhook_retry_max = Duration::from_millis(500);
         })
         .await;
-        app.add_plants(&[1, 2, 3]).await;
+        app.add_plants(&[1, 2, 3, 4]).await;
         let out = succeeded(&plantstore_on(&url, &["webhooks", "add", &receiver.url]));
         receiver.verify_with(out.lines().last().expect("the secret"));
         succeeded(&plantstore_on(
@@ -205,61 +214,88 @@ impl Scenario {
         run
     }
 
-    /// Freezes the link, sends `DELETE /plants/2`, sees its commit wait in `SyncRep`, and
-    /// makes it visible as `exposure` says; the delete's answer, if it came.
-    async fn expose_a_frozen_delete(&mut self, exposure: Exposure) -> Option<StatusCode> {
+    /// Freezes the link, sends `DELETE /plants/2` (no key: its statement is its commit)
+    /// and `DELETE /plants/4` with `Idempotency-Key: frozen` (a transaction, then
+    /// `COMMIT`), sees both commits wait in `SyncRep`, and makes them visible as `exposure`
+    /// says; the deletes' answers, if they came.
+    async fn expose_frozen_deletes(&mut self, exposure: Exposure) -> [Option<StatusCode>; 2] {
         self.link.stall();
-        let request = self
+        let unkeyed = self.app.delete_request("2").bearer_auth(&self.app.token);
+        let keyed = self
             .app
-            .delete_request("2")
+            .delete_request("4")
             .bearer_auth(&self.app.token)
-            .send();
-        let answer = tokio::spawn(async move { request.await.map(|r| r.status()).ok() });
+            .header("Idempotency-Key", FROZEN_KEY);
         let admin = self.primary.admin_url();
-        let waiting = eventually(WITHIN, "the delete's commit waiting in SyncRep", || async {
-            let mut conn = PgConnection::connect(&admin).await.ok()?;
-            sqlx::query_scalar::<_, i32>(
-                "SELECT pid FROM pg_stat_activity
-                 WHERE application_name = 'plantstore' AND wait_event = 'SyncRep'
-                   AND query LIKE '%DELETE FROM plants%'",
-            )
-            .fetch_optional(&mut conn)
-            .await
-            .ok()?
-        })
-        .await;
-        match exposure {
-            Exposure::CrashRestart => {
-                let killed = std::process::Command::new("kill")
-                    .args(["-KILL", &waiting.to_string()])
-                    .status()
-                    .expect("kill runs");
-                assert!(killed.success(), "the waiting backend killed");
-            }
-            Exposure::Cancel | Exposure::Terminate => {
-                let function = match exposure {
-                    Exposure::Cancel => "pg_cancel_backend",
-                    _ => "pg_terminate_backend",
-                };
-                let mut conn = PgConnection::connect(&admin).await.expect("admin");
-                let done: bool =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT {function}($1)")))
-                        .bind(waiting)
+        // One after the other, so that they are two batches, each with its commit.
+        let mut answers = Vec::new();
+        let mut waiting = Vec::new();
+        for request in [unkeyed, keyed] {
+            let sent = request.send();
+            answers.push(tokio::spawn(
+                async move { sent.await.map(|r| r.status()).ok() },
+            ));
+            waiting = eventually(WITHIN, "the delete's commit waiting in SyncRep", || async {
+                let mut conn = PgConnection::connect(&admin).await.ok()?;
+                let pids: Vec<i32> = sqlx::query_scalar(
+                    "SELECT pid FROM pg_stat_activity
+                     WHERE application_name = 'plantstore' AND wait_event = 'SyncRep'
+                       AND (query LIKE '%DELETE FROM plants%' OR query = 'COMMIT')",
+                )
+                .fetch_all(&mut conn)
+                .await
+                .ok()?;
+                (pids.len() == answers.len()).then_some(pids)
+            })
+            .await;
+        }
+        let mut conn = PgConnection::connect(&admin).await.expect("admin");
+        for pid in waiting {
+            match exposure {
+                // One killed backend restarts the whole server.
+                Exposure::CrashRestart => {
+                    let killed = std::process::Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status()
+                        .expect("kill runs");
+                    assert!(killed.success(), "the waiting backend killed");
+                    break;
+                }
+                Exposure::Cancel | Exposure::Terminate => {
+                    let function = match exposure {
+                        Exposure::Cancel => "pg_cancel_backend",
+                        _ => "pg_terminate_backend",
+                    };
+                    let sql = format!("SELECT {function}($1)");
+                    let done: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                        .bind(pid)
                         .fetch_one(&mut conn)
                         .await
                         .expect("the backend signalled");
-                assert!(done, "{function} found the backend");
+                    assert!(done, "{function} found the backend");
+                }
             }
         }
-        // The primary, restarted or not, now shows the delete, which the standby lacks.
-        let logged = "SELECT count(*) FROM plantstore_deletions WHERE plant_id = 2";
+        // The primary, restarted or not, now shows the deletes, which the standby lacks.
+        let logged = "SELECT count(*) FROM plantstore_deletions WHERE plant_id IN (2, 4)";
         let url = self.test_db_url_on(&self.primary);
-        count_reaches(&url, logged, 1, "the frozen delete visible on the primary").await;
-        tokio::time::timeout(WITHIN, answer)
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .flatten()
+        count_reaches(&url, logged, 2, "the frozen deletes visible on the primary").await;
+        let mut got = [None, None];
+        for (answer, slot) in answers.into_iter().zip(&mut got) {
+            *slot = tokio::time::timeout(WITHIN, answer)
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .flatten();
+        }
+        got
+    }
+
+    /// The keyed delete sent again, as a client told `503` would: its replay is no more
+    /// vouched for than the first try was, while the standby lacks the entry.
+    #[cfg(not(feature = "negative-control"))]
+    async fn retry_the_keyed_delete(&self) -> StatusCode {
+        self.app.delete_keyed(4, FROZEN_KEY).await.status()
     }
 
     /// Waits until `count` of the service's sessions wait to commit the barrier after a

@@ -19,7 +19,7 @@ use tokio::{sync::Semaphore, time::Instant};
 use crate::{
     announcements::{Announcer, AnnouncerId},
     database::Database,
-    sync_replication::replicated,
+    sync_replication::{barrier, replicated},
 };
 
 /// Commits the batches: each is one autocommit statement, so one round trip.
@@ -84,6 +84,10 @@ impl PgBatchWriter {
         // Past the deadline the request was answered 503: roll back (drop) instead.
         remaining(deadline)?;
         replicated(db, tx.commit()).await?;
+        // A replayed 204 vouches for an earlier commit: see `run`.
+        if outcome == DeletionOutcome::Replayed {
+            barrier(db, conn).await?;
+        }
         Ok(outcome)
     }
 }
@@ -279,12 +283,21 @@ pub(crate) async fn run(
         .zip(&row.earlier_plant)
         .filter_map(|(at, plant)| Some((usize::try_from(*at).ok()?.checked_sub(1)?, *plant)))
         .collect();
-    Ok(BatchResult {
+    let outcomes = BatchResult {
         removed: row.deleted.into_iter().collect(),
         present: row.present.into_iter().collect(),
         earlier,
     }
-    .outcomes(batch))
+    .outcomes(batch);
+    // A replayed 204 vouches for an earlier commit, which may have become visible before
+    // the standbys had it. A batch that deleted waited for them in its own commit, after
+    // it saw that one; a batch that wrote nothing did not wait at all.
+    if outcomes.contains(&DeletionOutcome::Replayed)
+        && !outcomes.contains(&DeletionOutcome::Removed)
+    {
+        barrier(db, conn).await?;
+    }
+    Ok(outcomes)
 }
 
 async fn statement(

@@ -31,6 +31,7 @@ use std::{
 };
 
 use plantstore_store::StoreError;
+use sqlx::PgConnection;
 use tracing::{
     Dispatch, Event, Level, Metadata, Subscriber, dispatcher,
     level_filters::{LevelFilter, STATIC_MAX_LEVEL},
@@ -56,6 +57,24 @@ pub(crate) async fn replicated<T>(
         return Err(StoreError::NotReplicated);
     }
     Ok(value)
+}
+
+/// Waits until the synchronous standbys hold every commit this session has seen: commits
+/// a transactional logical message on `conn` (WAL and a transaction id, so its commit
+/// waits for them as the session's `synchronous_commit` says; no row locked, no table
+/// grown; any role may emit one, at any `wal_level`). A standby receives and flushes WAL in
+/// order, so once it holds this commit it holds every commit seen before it on this
+/// server. For what the service tells of a commit it did not make itself: an event read
+/// from the log, a replayed `204`, each of which may have become visible before the
+/// standbys had it (crash recovery, a cancelled or terminated wait).
+pub(crate) async fn barrier(db: &Database, conn: &mut PgConnection) -> Result<(), StoreError> {
+    replicated(
+        db,
+        sqlx::query!("SELECT pg_logical_emit_message(true, 'plantstore', '')::TEXT")
+            .fetch_one(conn),
+    )
+    .await
+    .map(drop)
 }
 
 /// Whether this build can see the notices at all: a `tracing` built with a static

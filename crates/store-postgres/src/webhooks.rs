@@ -252,25 +252,13 @@ impl Webhooks for PostgresStore {
             .into_iter()
             .map(Event::try_from)
             .collect::<Result<Vec<_>, _>>()?;
-        // The barrier: a commit that writes WAL, on the same connection (so the same
-        // server) as the read, after it. A commit the read saw may be one whose wait for
-        // the synchronous standbys was cut short (a cancel, a terminated backend, a crash
-        // recovery), and a failover would take it back. This commit waits for the standbys
-        // as the session's `synchronous_commit` says, as the deletes' commits do; a
-        // standby receives and flushes WAL in order, so once it holds this commit it holds
-        // every commit the read saw, and the events promise what the 204 promised. A
-        // transactional logical message: WAL and a transaction id, so its commit waits,
-        // with no row to lock and no table to grow (any role may emit one, at any
-        // `wal_level`). Its own wait cut short is caught by `replicated`; a caller that
-        // stops waiting closes the connection.
+        // An entry the read saw may be one whose commit's wait for the synchronous
+        // standbys was cut short, and a failover would take it back: nothing is sent
+        // before the barrier, on the same connection (so the same server), says the
+        // standbys hold it. A caller that stops waiting closes the connection.
         #[cfg(not(feature = "negative-control"))]
         if !events.is_empty() {
-            crate::sync_replication::replicated(
-                &self.db,
-                sqlx::query!("SELECT pg_logical_emit_message(true, 'plantstore', '')::TEXT")
-                    .fetch_one(conn.conn()),
-            )
-            .await?;
+            crate::sync_replication::barrier(&self.db, conn.conn()).await?;
         }
         conn.finished();
         Ok(events)
