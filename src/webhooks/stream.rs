@@ -17,7 +17,7 @@ use async_nats::{
 use percent_encoding::percent_decode_str;
 use plantstore_store::{Event, Lease, Store, StoredMessage, StreamTarget};
 use reqwest::Url;
-use tokio::sync::OnceCell;
+use tokio::sync::Mutex;
 
 use super::attempt::{Attempt, body, webhook_id};
 use crate::telemetry::one_line;
@@ -29,16 +29,24 @@ const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
 /// beyond that, something else keeps publishing there.
 const REPUBLISH: usize = 4;
 
-/// A stream destination's broker, stream and subjects, connected on first use (and again
-/// after a connection that could not be made); the client reconnects by itself after.
+/// A stream destination's broker, stream and subjects, connected on first use, and again
+/// after a connection that could not be made or a publish that got no acknowledgement in
+/// time: the client reconnects by itself when the broker closes or resets, but a path gone
+/// silent looks alive to it until its ping (a minute) finds out.
 pub(super) struct StreamPublisher {
     server: Server,
     target: StreamTarget,
     timeout: Duration,
-    jetstream: OnceCell<(jetstream::Context, Stream<()>)>,
+    connection: Mutex<Option<Arc<Connection>>>,
     /// Where the destination's recorded messages are read, when a plant's is needed.
     store: Arc<dyn Store>,
     endpoint_id: i64,
+}
+
+/// A client of the destination's broker, and its stream.
+struct Connection {
+    context: jetstream::Context,
+    stream: Stream<()>,
 }
 
 /// A NATS URL taken apart: the address, and the credentials that leave it for the CONNECT.
@@ -102,25 +110,40 @@ impl StreamPublisher {
                 .map_err(|err| format!("the destination's stored URL cannot be used: {err}"))?,
             target,
             timeout,
-            jetstream: OnceCell::new(),
+            connection: Mutex::new(None),
             store: Arc::clone(store),
             endpoint_id: lease.endpoint_id,
         })
     }
 
-    async fn jetstream(&self) -> Result<&(jetstream::Context, Stream<()>), String> {
-        self.jetstream
-            .get_or_try_init(|| async {
-                let client = self.server.connect(self.timeout).await?;
-                let mut context = jetstream::new(client);
-                context.set_timeout(self.timeout);
-                let stream = context
-                    .get_stream_no_info(&self.target.stream)
-                    .await
-                    .map_err(|err| format!("cannot use the stream: {}", one_line(&err)))?;
-                Ok((context, stream))
-            })
+    /// The connection, made now if there is none (one attempt at a time makes it).
+    async fn connection(&self) -> Result<Arc<Connection>, String> {
+        let mut held = self.connection.lock().await;
+        if let Some(connection) = held.as_ref() {
+            return Ok(Arc::clone(connection));
+        }
+        let client = self.server.connect(self.timeout).await?;
+        let mut context = jetstream::new(client);
+        context.set_timeout(self.timeout);
+        let stream = context
+            .get_stream_no_info(&self.target.stream)
             .await
+            .map_err(|err| format!("cannot use the stream: {}", one_line(&err)))?;
+        let connection = Arc::new(Connection { context, stream });
+        *held = Some(Arc::clone(&connection));
+        Ok(connection)
+    }
+
+    /// Drops `connection`, unless another attempt has replaced it already: the next
+    /// attempt connects anew. The client closes once the attempts still using it end.
+    async fn forget(&self, connection: &Arc<Connection>) {
+        let mut held = self.connection.lock().await;
+        if held
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, connection))
+        {
+            *held = None;
+        }
     }
 
     /// Publishes `event` after `last`, the plant's message this delivery stored and has not
@@ -134,10 +157,11 @@ impl StreamPublisher {
         if let Some(last) = last.filter(|last| last.position >= event.position) {
             return Attempt::Stored(last);
         }
-        let (context, stream) = match self.jetstream().await {
-            Ok(jetstream) => jetstream,
+        let connection = match self.connection().await {
+            Ok(connection) => connection,
             Err(error) => return Attempt::failed(error),
         };
+        let Connection { context, stream } = connection.as_ref();
         let subject = format!("{}.{}", self.target.subject_prefix, plant);
         let id = webhook_id(event);
         let stored = |stream_seq: u64| {
@@ -179,6 +203,9 @@ impl StreamPublisher {
                 Ok(ack) => return stored(ack.sequence),
                 Err(err) => err,
             };
+            if err.kind() == PublishErrorKind::TimedOut {
+                self.forget(&connection).await;
+            }
             if err.kind() != PublishErrorKind::WrongLastSequence {
                 return Attempt::failed(describe_publish(&err, &self.target));
             }

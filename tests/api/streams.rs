@@ -750,6 +750,62 @@ async fn a_silent_broker_then_healed_loses_nothing(backend: Backend) {
     assert_eq!(counts, all_once(&expected));
 }
 
+/// The path to the broker goes silent, then carries new connections again while the one
+/// in use stays silent. A publish that times out drops that connection, so the events are
+/// in the stream within about an attempt's timeout and the longest backoff of the heal,
+/// not when the client's ping (a minute) finds the old connection dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_left_silent_is_replaced_after_a_publish_times_out() {
+    let nats = NatsServer::start().await;
+    nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
+        .await;
+    let proxy = crate::fixtures::proxy::Proxy::start(
+        "127.0.0.1:0".parse().expect("an address"),
+        format!("127.0.0.1:{}", nats.port),
+    )
+    .await;
+    let app = spawn_app_on(TestDb::new(Backend::Sqlite).await, quick_retries).await;
+    succeeded(&plantstore_on(
+        &app.db.url,
+        &[
+            "streams",
+            "add",
+            &format!("nats://{}", proxy.address),
+            "--stream",
+            STREAM,
+        ],
+    ));
+    let plants: Vec<i64> = (1..=20).collect();
+    app.add_plants(&plants).await;
+    let mut expected = HashMap::new();
+    delete_plants(&app, &plants[..10], &mut expected).await;
+    check_stream(&nats, &expected, "before the path went silent").await;
+
+    proxy.stall();
+    delete_plants(&app, &plants[10..], &mut expected).await;
+    wait_for_destination(&app.db.url, "failing while silent", |d| {
+        d["state"] == "failing"
+    })
+    .await;
+    proxy.forward_new_connections();
+    let healed = std::time::Instant::now();
+    // The attempt timeout (1 s) and the longest backoff (0.5 s), with room for a read, a
+    // connect and the scheduling of a loaded machine.
+    let js = nats.jetstream().await;
+    eventually(
+        Duration::from_secs(8),
+        "every event in the stream after the heal",
+        || async { (read_stream(&js, STREAM).await.len() >= 20).then_some(()) },
+    )
+    .await;
+    eprintln!(
+        "every event in the stream {:?} after the heal",
+        healed.elapsed()
+    );
+    let counts = check_stream(&nats, &expected, "silent connection replaced").await;
+    assert_eq!(counts, all_once(&expected));
+}
+
 /// `replay` into a stream that still holds the messages is refused, as they would stand
 /// where the destination expects none; once they are purged, it publishes every event
 /// again, once. `enable` takes the destination back where it is.
