@@ -26,6 +26,7 @@ from .machine import machine_info, measure_fsync
 from .procs import PROCS
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
 from .service import Service, wait_ready
+from .standby import SyncPair, standby_table, standby_targets
 from .webhooks import (PAIRS, RECEIVERS, pick_median_pair, webhook_run, webhook_table,
                        webhook_targets, webhook_targets_table)
 
@@ -52,6 +53,8 @@ class Settings:
     baseline: Path | None
     # `bench/run --profiles`: where the two profiles' builds and builds.tsv are.
     profiles: Path | None
+    # `bench/run --standby`: where the builds with and without the barrier are.
+    standby: Path | None
 
 
 def settings() -> Settings:
@@ -70,7 +73,13 @@ def settings() -> Settings:
                   if os.environ.get("BENCH_BASELINE_BIN") else None),
         profiles=(Path(os.environ["BENCH_PROFILES"])
                   if os.environ.get("BENCH_PROFILES") else None),
+        standby=(Path(os.environ["BENCH_STANDBY"])
+                 if os.environ.get("BENCH_STANDBY") else None),
     )
+    if s.standby:
+        # The build without the barrier is the baseline, this checkout's is measured.
+        s.baseline = s.standby / "plantstore-no-barrier"
+        s.plantstore = s.standby / "plantstore"
     if s.profiles:
         if not (s.profiles / "builds.tsv").is_file():
             sys.exit(f"bench: {s.profiles}/builds.tsv is missing; run bench/run --profiles "
@@ -124,6 +133,9 @@ class Plan:
     rows: dict
     # `--guard`: a hit range per run, before and after alternated (guard.py).
     guard: dict
+    # `--standby`: PostgreSQL hit ranges with an endpoint, without and with the barrier
+    # alternated (standby.py).
+    standby: list
 
 
 def plan_ids(seconds: int, guarding: bool) -> Plan:
@@ -138,6 +150,7 @@ def plan_ids(seconds: int, guarding: bool) -> Plan:
     hooked = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
               for b in BACKENDS}
     beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
+    standby = [ids["postgres"].take(span) for _ in range(2 * PAIRS)] if guarding else []
     # pgbench splits its range into one block per client; twice the span leaves each client
     # room for twice its even share (a client past its block asks for id 0 and the check fails).
     pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS} if not guarding else {}
@@ -145,7 +158,7 @@ def plan_ids(seconds: int, guarding: bool) -> Plan:
     # overrun only reaches ids that were never seeded (and its check fails).
     raw_sqlite = ids["sqlite"].take(2 * raw_span) if not guarding else (0, 0)
     rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows, guard)
+    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows, guard, standby)
 
 
 class Bench:
@@ -167,6 +180,8 @@ class Bench:
         self.failures: list[str] = []
         self.tokens: dict[str, str] = {}
         self.started_at = time.time()
+        # `--standby`: the primary and its synchronous standby, stopped at the end.
+        self.pair: SyncPair | None = None
 
     def note_check(self, label: str, check: dict, describe) -> None:
         log(f"  check: {describe(check)}")
@@ -409,7 +424,37 @@ def write_tables(b: Bench, title: str, tables: tuple[str, ...]) -> int:
     return 0
 
 
+def measure_standby(b: Bench) -> int:
+    """`--standby`: on a primary with a synchronous standby of the run's own, one replication
+    round trip, then PAIRS times: hits without an endpoint, then with one webhook endpoint
+    on the build without the barrier, then on this checkout's."""
+    machine_and_disk(b)
+    log("\n== a primary and a synchronous standby")
+    b.pair = SyncPair(b.work)
+    b.pair.start()
+    b.pg = Postgres(b.pair.admin_url, b.s.pg_db)
+    b.pg.recreate()
+    b.tokens["postgres"] = seed(b, "postgres", b.pg.url, b.pg)
+    rt = b.pair.round_trip_ms(b.pg.url, 5, b.work)
+    b.R["standby"] = {"round_trip": rt, "pairs": []}
+    log(f"one replication round trip: {rt['round_trip_ms']:.3f} ms (a WAL-writing commit: "
+        f"{rt['sync_ms']:.3f} ms with the standby, {rt['local_ms']:.3f} ms local)")
+    without_barrier = Service(b.s.baseline, b.work)
+    for pair in range(PAIRS):
+        service_run(b, "postgres", b.pg.url, b.pg, "hits", 64, beside=pair)
+        runs = {}
+        for i, (build, svc) in enumerate((("without", without_barrier), ("with", b.svc))):
+            runs[build] = webhook_run(b, "postgres", b.pg.url, b.pg, pair, "http", svc,
+                                      b.plan.standby[2 * pair + i])
+        b.R["standby"]["pairs"].append(runs)
+    b.R["standby_targets"] = ts = standby_targets(b.R)
+    return write_tables(b, "--standby: deletion events waiting for a synchronous standby",
+                        (standby_table(b.R), webhook_targets_table(ts)))
+
+
 def measure(b: Bench) -> int:
+    if b.s.standby:
+        return measure_standby(b)
     if b.s.baseline:
         return measure_beside(b)
     machine_and_disk(b)
@@ -430,6 +475,8 @@ def clean_up(b: Bench) -> None:
         b.pg.drop()
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
         log(f"bench: could not drop database {b.s.pg_db}: {e}")
+    if b.pair:
+        b.pair.stop()
     if not b.s.keep:
         b.sq.remove()
 

@@ -124,47 +124,50 @@ def commit_times(db, lo: int, hi: int) -> dict[str, float]:
     return {f"deletion_{int(i)}": float(t) for i, t in rows}
 
 
-def pending(b, url: str, group: str) -> int:
-    listed = json.loads(b.svc.cli(url, group, "list", "--json"))
+def pending(svc, url: str, group: str) -> int:
+    listed = json.loads(svc.cli(url, group, "list", "--json"))
     return sum(e["pending"] for e in listed)
 
 
-def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
+def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str, svc=None,
+                ids: tuple[int, int] | None = None) -> dict:
     """Hits at c=64 with one endpoint; the service runs until the endpoint has every event.
     `pair`: which of the backend's PAIRS runs this is; its hit run without an endpoint has
-    just been made. `scheme`: one of RECEIVERS."""
+    just been made. `scheme`: one of RECEIVERS. `svc` and `ids`: another build, and its own
+    id range (`--standby`), instead of this checkout's and the plan's."""
+    svc = svc or b.svc
     db.settle(vacuum=True)
-    lo, hi = b.plan.hooked[backend][scheme][pair]
+    lo, hi = ids or b.plan.hooked[backend][scheme][pair]
     before = count_range(db, lo, hi)
     tls = scheme == "https"
-    tag = f"{scheme}-{pair + 1}"
+    tag = f"{scheme}-{pair + 1}" + ("" if svc is b.svc else f"-{svc.binary.name}")
     group = "streams" if scheme == "nats" else "webhooks"
     env = None
     if scheme == "nats":
         receiver, broker = start_broker(b.work, f"{backend}-{tag}")
-        added = b.svc.cli(url, "streams", "add", broker, "--stream", STREAM)
+        added = svc.cli(url, "streams", "add", broker, "--stream", STREAM)
     else:
         receiver, rport, rdir = start_receiver(b.work, f"{backend}-{tag}", tls)
         host = "localhost" if tls else "127.0.0.1"
-        added = b.svc.cli(url, "webhooks", "add", f"{scheme}://{host}:{rport}/hooks")
+        added = svc.cli(url, "webhooks", "add", f"{scheme}://{host}:{rport}/hooks")
         env = {"SSL_CERT_FILE": str(rdir / "ca.pem")} if tls else None
     endpoint = added.split()[3]
     port = free_port()
     slog = b.work / f"service-{backend}-hits-webhook-{CONNS}-{tag}.log"
-    proc = b.svc.start(url, port, slog, env)
+    proc = svc.start(url, port, slog, env)
     wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
     cpu_before = cpu.snapshot(proc.pid, receiver.pid)
     d = run_wrk(port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
                 b.work / f"wrk-{backend}-hits-webhook-{CONNS}-{tag}.out")
     d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
     ended = time.time()
-    while pending(b, url, group) > 0 and time.time() - ended < DRAIN_S:
+    while pending(svc, url, group) > 0 and time.time() - ended < DRAIN_S:
         time.sleep(0.05)
     d["drain_s"] = time.time() - ended
     # The service's CPU for this run's deletes, their events included: from before wrk
     # until the last event was delivered.
     d["cpu_drained"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
-    d["left_pending"] = pending(b, url, group)
+    d["left_pending"] = pending(svc, url, group)
     PROCS.stop(proc)
     committed = commit_times(db, lo, hi)
     received: dict[str, float] = {}
@@ -185,7 +188,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
             protocols[protocol] = protocols.get(protocol, 0) + 1
             if hook in committed and hook not in received:
                 received[hook] = float(at)
-    b.svc.cli(url, group, "remove", endpoint)
+    svc.cli(url, group, "remove", endpoint)
     d["unexpected"] = unexpected(d, "204")
     d["protocols"] = protocols
     lags = sorted(received[h] - committed[h] for h in received)
@@ -226,6 +229,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str) -> None:
     if d["received"] != d["events"]:
         b.failures.append(f"{backend} hits+webhook {pair + 1}: {d['events'] - d['received']} "
                           "events never reached the receiver")
+    return d
 
 
 def key(backend: str, scheme: str) -> str:
