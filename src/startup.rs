@@ -1,6 +1,6 @@
 //! Start and stop: open the database, bind, serve, shut down gracefully.
 
-use std::{future::Future, net::SocketAddr, sync::Arc};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use anyhow::Context;
 use poem::listener::{Acceptor, Listener, TcpAcceptor, TcpListener};
@@ -16,6 +16,13 @@ use crate::{
     telemetry::Metrics,
     webhooks::Deliveries,
 };
+
+/// How long stopping waits, once the servers are done, for the background work to save and
+/// give up its leases and for the database's connections to close. A database that does
+/// not answer (a partition, a synchronous standby gone) would hold the stop for ever; past
+/// this the instance exits as after a crash, which delivery (at least once, each stream
+/// message once) and the leases (they run out) are built to survive.
+const BACKGROUND_ON_STOP: Duration = Duration::from_secs(10);
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
 /// so `run_until_stopped` only serves.
@@ -146,11 +153,22 @@ impl Application {
         upkeep.abort();
         samples.abort();
         let _ = halt.send(true);
-        let _ = deliveries.await;
-        if let Some(retention) = retention {
-            let _ = retention.await;
+        let background = async {
+            let _ = deliveries.await;
+            if let Some(retention) = retention {
+                let _ = retention.await;
+            }
+            store.close().await;
+        };
+        if tokio::time::timeout(BACKGROUND_ON_STOP, background)
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                waited_ms = BACKGROUND_ON_STOP.as_millis() as u64,
+                "stopping without the database's answer: progress not saved is delivered again by the next instance"
+            );
         }
-        store.close().await;
         served
     }
 }

@@ -22,7 +22,7 @@ use crate::{
         proxy::Proxy,
         receiver::{Receiver, Reply},
     },
-    helpers::{TestApp, TestDb, eventually, plantstore_on, spawn_app_on, succeeded},
+    helpers::{TestApp, TestDb, eventually, plantstore_on, spawn_app_until, succeeded},
 };
 
 const STANDBY: &str = "standby1";
@@ -101,6 +101,25 @@ async fn no_event_for_what_the_failover_took_back(exposure: Exposure) {
     );
 }
 
+/// SIGTERM while the standby is cut off, with both deliveries waiting at the barrier and
+/// the leases' renewal waiting for the standby too: the instance still stops, in bounded
+/// time, as it does with a database that does not answer.
+#[cfg(not(feature = "negative-control"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_a_stop_during_a_partition_does_not_hang() {
+    let mut run = Scenario::start().await;
+    run.expose_frozen_deletes(Exposure::Cancel).await;
+    run.wait_for_barriers(2).await;
+    let asked = std::time::Instant::now();
+    run.stop.take().map(|stop| stop.send(()));
+    let stopped = tokio::time::timeout(Duration::from_secs(30), &mut run.serving).await;
+    eprintln!("stopped {:?} after it was asked to", asked.elapsed());
+    assert!(
+        matches!(stopped, Ok(Ok(Ok(())))),
+        "the service did not stop within 30 s of SIGTERM during a partition: {stopped:?}"
+    );
+}
+
 #[cfg(feature = "negative-control")]
 async fn phantom_without_the_barrier(exposure: Exposure) {
     let mut run = Scenario::start().await;
@@ -128,6 +147,9 @@ struct Scenario {
     primary: PgServer,
     standby: PgServer,
     link: Proxy,
+    /// Stops the service as SIGTERM would.
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    serving: tokio::task::JoinHandle<std::io::Result<()>>,
     app: TestApp,
     receiver: Receiver,
     nats: NatsServer,
@@ -178,14 +200,22 @@ impl Scenario {
         let nats = NatsServer::start().await;
         nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
             .await;
-        let app = spawn_app_on(db, |config| {
-            config.database_url = url.clone().into();
-            // Two commit workers, so the two frozen deletes commit side by side.
-            config.db_max_connections = 8;
-            config.serve.webhooks.webhook_timeout = Duration::from_millis(1000);
-            config.serve.webhooks.webhook_retry_min = Duration::from_millis(50);
-            config.serve.webhooks.webhook_retry_max = Duration::from_millis(500);
-        })
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let stopped = async move {
+            let _ = stopped.await;
+        };
+        let (app, serving) = spawn_app_until(
+            db,
+            |config| {
+                config.database_url = url.clone().into();
+                // Two commit workers, so the two frozen deletes commit side by side.
+                config.db_max_connections = 8;
+                config.serve.webhooks.webhook_timeout = Duration::from_millis(1000);
+                config.serve.webhooks.webhook_retry_min = Duration::from_millis(50);
+                config.serve.webhooks.webhook_retry_max = Duration::from_millis(500);
+            },
+            stopped,
+        )
         .await;
         app.add_plants(&[1, 2, 3, 4]).await;
         let out = succeeded(&plantstore_on(&url, &["webhooks", "add", &receiver.url]));
@@ -198,6 +228,8 @@ impl Scenario {
             primary,
             standby,
             link,
+            stop: Some(stop),
+            serving,
             app,
             receiver,
             nats,
