@@ -357,44 +357,86 @@ async fn add_refuses_what_cannot_work_and_never_prints_the_password() {
     assert!(destinations(&db.url).is_empty());
 }
 
-/// A broker that requires TLS, with a certificate no trusted root signed: `tls://` and a
-/// plain `nats://` to it are both refused in one line that says why, never a panic (two
-/// TLS crypto providers compiled in, with none chosen, made rustls panic here).
+/// A broker that requires TLS, its certificate signed by a CA made for the test: `tls://`
+/// and a plain `nats://` to it are refused in one line that says why, never a panic (two
+/// TLS crypto providers compiled in, with none chosen, made rustls panic here); with the
+/// CA in `SSL_CERT_FILE`, the connection is made, and `add` goes on to look for the stream.
 #[tokio::test]
-async fn a_tls_broker_with_an_untrusted_certificate_is_refused_in_one_line() {
-    let dir = tempfile::tempdir().expect("a folder for the certificate");
-    let (key, cert) = (dir.path().join("key.pem"), dir.path().join("cert.pem"));
-    let made = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-nodes", "-days", "2", "-newkey", "ec"])
-        .args([
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-subj",
-            "/CN=127.0.0.1",
-        ])
-        .args(["-addext", "subjectAltName=IP:127.0.0.1", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .expect("openssl runs");
-    assert!(made.status.success(), "{made:?}");
+async fn a_tls_broker_is_trusted_through_ssl_cert_file_and_refused_in_one_line_without() {
+    let dir = tempfile::tempdir().expect("a folder for the certificates");
+    let file = |name: &str| dir.path().join(name).display().to_string();
+    let openssl = |args: &[&str]| {
+        let made = std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .expect("openssl runs");
+        assert!(made.status.success(), "{args:?}: {made:?}");
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &[
+                "req",
+                "-x509",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=Plant Store test CA",
+            ][..],
+            &ec,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req", "-subj", "/CN=127.0.0.1"][..],
+            &ec,
+            &["-keyout", "broker.key", "-out", "broker.csr"],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        file("ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .expect("the extensions file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "broker.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "ext",
+        "-out",
+        "broker.pem",
+    ]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
     let mut broker = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
         .args([
-            "-a",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "--tls",
             "--tlscert",
+            &file("broker.pem"),
+            "--tlskey",
+            &file("broker.key"),
         ])
-        .arg(&cert)
-        .arg("--tlskey")
-        .arg(&key)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -407,15 +449,26 @@ async fn a_tls_broker_with_an_untrusted_certificate_is_refused_in_one_line() {
     .await;
     let db = TestDb::new(Backend::Sqlite).await;
     succeeded(&plantstore_on(&db.url, &["migrate"]));
+    let add = |url: &str, ca: Option<&str>| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"));
+        command.env_clear().env("DATABASE_URL", &db.url);
+        if let Some(ca) = ca {
+            command.env("SSL_CERT_FILE", ca);
+        }
+        command
+            .args(["streams", "add", url, "--stream", STREAM])
+            .output()
+            .expect("run plantstore")
+    };
     for url in [
         format!("tls://127.0.0.1:{port}"),
         format!("nats://127.0.0.1:{port}"),
     ] {
-        let line = refused(&plantstore_on(
-            &db.url,
-            &["streams", "add", &url, "--stream", STREAM],
-        ));
+        let line = refused(&add(&url, None));
         assert!(line.contains("certificate"), "{url}: {line}");
+        // Trusted: the server has no JetStream, so `add` stops at the stream.
+        let line = refused(&add(&url, Some(&file("ca.pem"))));
+        assert!(line.contains("cannot use the stream"), "{url}: {line}");
     }
     let _ = broker.kill();
     let _ = broker.wait();

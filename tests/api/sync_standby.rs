@@ -83,7 +83,10 @@ async fn no_event_for_what_the_failover_took_back(exposure: Exposure) {
     // Both deliveries read the exposed entries and wait for the standby to hold them.
     run.wait_for_barriers(2).await;
     let retried = run.retry_the_keyed_delete().await;
-    let events = run.fail_over_and_delete_again().await;
+    run.fail_over_and_delete_again().await;
+    run.wait_for_plant_events(3, "plant 3's events after the failover")
+        .await;
+    let events = run.events().await;
     eprintln!(
         "{exposure:?}: {} events, {} for entries the promoted server lacks; the frozen deletes were answered {answers:?}, the keyed one's retry {retried}",
         events.received.len(),
@@ -125,9 +128,14 @@ async fn phantom_without_the_barrier(exposure: Exposure) {
     let mut run = Scenario::start().await;
     let answers = run.expose_frozen_deletes(exposure).await;
     run.wait_for_frozen_events().await;
-    let events = run.fail_over_and_delete_again().await;
+    // Not waited for: after sending what the failover took back, a delivery may not send
+    // plant 3's event at all (seen once in CI; its read position is past entries the
+    // promoted server lacks, whose transaction ids it may hand out again).
+    run.fail_over_and_delete_again().await;
+    let events = run.events().await;
+    let plant_3 = events.received.iter().filter(|(_, _, p)| *p == 3).count();
     eprintln!(
-        "negative control, {exposure:?}: {} events, {} for entries the promoted server lacks; the frozen deletes were answered {answers:?}",
+        "negative control, {exposure:?}: {} events, {} for entries the promoted server lacks, {plant_3} for plant 3; the frozen deletes were answered {answers:?}",
         events.received.len(),
         events.phantoms.len()
     );
@@ -354,10 +362,9 @@ impl Scenario {
             .await;
     }
 
-    /// Kills the primary, promotes the standby, and deletes plant 3 until the service,
-    /// on its own, answers 204 from the promoted server; once plant 3's events are in,
-    /// what the destinations got.
-    async fn fail_over_and_delete_again(&mut self) -> Events {
+    /// Kills the primary, promotes the standby, and deletes plant 3 until the service, on
+    /// its own, answers 204 from the promoted server.
+    async fn fail_over_and_delete_again(&mut self) {
         self.primary.stop_immediately();
         self.standby.promote();
         eventually(
@@ -368,8 +375,10 @@ impl Scenario {
             },
         )
         .await;
-        self.wait_for_plant_events(3, "plant 3's events after the failover")
-            .await;
+    }
+
+    /// What the destinations got, and which of it names an entry the promoted server lacks.
+    async fn events(&self) -> Events {
         let mut conn = PgConnection::connect(&self.test_db_url_on(&self.standby))
             .await
             .expect("the promoted server");
