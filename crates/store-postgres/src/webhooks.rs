@@ -99,6 +99,19 @@ impl Webhooks for PostgresStore {
         until.ok_or(StoreError::NotFound)
     }
 
+    #[tracing::instrument(skip_all, fields(id))]
+    async fn change_url(&self, id: i64, url: &str) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints SET url = $2 WHERE id = $1",
+            id,
+            url
+        )
+        .execute(&mut *self.db.conn().await?)
+        .await
+        .map_err(|err| self.db.error(err))?;
+        not_found_if_none(done.rows_affected())
+    }
+
     #[tracing::instrument(skip(self))]
     async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError> {
         let done = sqlx::query!(
@@ -123,7 +136,7 @@ impl Webhooks for PostgresStore {
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints e
          SET cursor_pos = d.xid::TEXT::BIGINT, cursor_kind = 0, cursor_id = d.id - 1,
-             generation = e.generation + 1
+             delivered_through = NULL, generation = e.generation + 1
          FROM plantstore_deletions d
          WHERE e.id = $1 AND d.id = $2 AND d.xid IS NOT NULL",
             id,

@@ -61,6 +61,17 @@ pub fn connect_options(
         .busy_timeout(settings.acquire_timeout))
 }
 
+/// The file a SQLite URL names, made absolute, when it does not exist (an in-memory
+/// database always does).
+pub fn missing_file(url: &str) -> Option<std::path::PathBuf> {
+    let options = SqliteConnectOptions::from_str(url).ok()?;
+    let file = options.get_filename();
+    if file.as_os_str() == ":memory:" || file.exists() {
+        return None;
+    }
+    Some(std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf()))
+}
+
 impl SqliteStore {
     /// Opens the write connection and one reader, so a bad path fails at start, not on a request.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {

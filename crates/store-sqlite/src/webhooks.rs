@@ -72,6 +72,19 @@ impl Webhooks for SqliteStore {
         rows.into_iter().map(EndpointRecord::try_from).collect()
     }
 
+    #[tracing::instrument(skip_all, fields(id))]
+    async fn change_url(&self, id: i64, url: &str) -> Result<(), StoreError> {
+        let done = sqlx::query!(
+            "UPDATE plantstore_webhook_endpoints SET url = ?2 WHERE id = ?1",
+            id,
+            url
+        )
+        .execute(self.write_connection.lock().await?.conn()?)
+        .await
+        .map_err(classify)?;
+        not_found_if_none(done.rows_affected())
+    }
+
     #[tracing::instrument(skip(self))]
     async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError> {
         let done = sqlx::query!("DELETE FROM plantstore_webhook_endpoints WHERE id = ?", id)
@@ -127,7 +140,8 @@ impl Webhooks for SqliteStore {
             .map_err(classify)?;
         let moved = sqlx::query!(
             "UPDATE plantstore_webhook_endpoints
-         SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, generation = generation + 1
+         SET cursor_pos = ?2, cursor_kind = 0, cursor_id = ?2 - 1, delivered_through = NULL,
+             generation = generation + 1
          WHERE id = ?1 AND EXISTS (SELECT 1 FROM plantstore_deletions WHERE id = ?2)",
             id,
             from

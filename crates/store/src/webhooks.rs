@@ -261,14 +261,20 @@ pub trait Webhooks: Send + Sync {
 
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError>;
 
+    /// Points an endpoint at a new URL (new credentials, a receiver moved), keeping its
+    /// cursor, state and recorded messages. `StoreError::NotFound` when no endpoint has
+    /// that id, `StoreError::Duplicate` when another one has the URL.
+    async fn change_url(&self, id: i64, url: &str) -> Result<(), StoreError>;
+
     /// `StoreError::NotFound` when no endpoint has that id.
     async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError>;
 
     /// Makes an endpoint active again, delivering from where it stopped.
     async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError>;
 
-    /// Moves an endpoint's cursor back to just before deletion log entry `from`; a stream
-    /// destination forgets the messages it recorded, so it publishes those events again.
+    /// Moves an endpoint's cursor back to just before deletion log entry `from`, with nothing
+    /// delivered since; a stream destination forgets the messages it recorded, so it
+    /// publishes those events again.
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError>;
 
     /// Takes or renews, for `lease_length`, the lease of every endpoint not disabled and not held
