@@ -37,6 +37,21 @@ pub async fn open(
     Ok(store)
 }
 
+/// Refuses a SQLite file that does not exist, saying where it looked: for the commands
+/// that only work on a database the service already has, where SQLite would make an empty
+/// one in whatever folder they were run from.
+pub fn existing(url: &DatabaseUrl) -> anyhow::Result<()> {
+    if url.backend() == Ok(Backend::Sqlite)
+        && let Some(file) = plantstore_sqlite::missing_file(url.expose())
+    {
+        anyhow::bail!(
+            "no database at {}: run this where the service keeps its database, or name that file with DATABASE_URL (or --database-url), such as sqlite:///srv/plantstore/plantstore.db?mode=rwc; `plantstore migrate` makes a new one",
+            file.display()
+        );
+    }
+    Ok(())
+}
+
 async fn connect(url: &DatabaseUrl, settings: StoreSettings) -> Result<Arc<dyn Store>, StoreError> {
     let backend = url.backend().map_err(StoreError::Config)?;
     Ok(match backend {

@@ -85,7 +85,15 @@ impl Retention {
                 Ok(0) => {}
                 Ok(pruned) => {
                     self.metrics.pruned(pruned);
-                    tracing::info!(pruned, %before, "pruned the deletion log to its retention")
+                    tracing::info!(pruned, %before, "pruned the deletion log to its retention");
+                    // The size gauges are read each minute; after a prune, an operator
+                    // watching them should not wait for that.
+                    match self.store.log_size().await {
+                        Ok(size) => self.metrics.log_size(size),
+                        Err(err) => {
+                            tracing::debug!(error = %err, "cannot read the deletion log's size")
+                        }
+                    }
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot prune the deletion log to its retention")

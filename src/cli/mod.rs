@@ -13,7 +13,7 @@ use clap::{
 };
 
 use crate::{
-    config::{Config, ServeConfig},
+    config::{self, Config, ServeConfig},
     database, http,
 };
 use deletions::DeletionsCommand;
@@ -88,7 +88,10 @@ impl Cli {
         args: impl IntoIterator<Item = std::ffi::OsString>,
     ) -> Result<Self, clap::Error> {
         let mut command = Self::command();
-        let matches = command.try_get_matches_from_mut(args)?;
+        let args: Vec<std::ffi::OsString> = args.into_iter().collect();
+        let matches = command
+            .try_get_matches_from_mut(args.clone())
+            .map_err(|err| config::name_the_variable(err, &mut command, &args))?;
         if let Some((name, _)) = matches.subcommand() {
             let serve_only = ServeConfig::augment_args(clap::Command::new("serve"));
             for arg in serve_only.get_arguments() {
@@ -157,6 +160,11 @@ impl Cli {
             Some(command) => command,
         };
         config.migrate |= matches!(command, Command::Migrate);
+        // Only these may make a new SQLite file; the others would register into, or read,
+        // an empty database of their own when run from another folder.
+        if !matches!(command, Command::Migrate | Command::Seed { .. }) {
+            database::existing(&config.database_url)?;
+        }
         // Every other command works on the store: opened (and migrated or checked) here,
         // and closed here whatever the command came to.
         let store = database::open(&config, None).await?;

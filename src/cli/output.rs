@@ -3,6 +3,7 @@
 use std::io::{ErrorKind, Write};
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use reqwest::Url;
 
 /// Writes to stdout. A reader that has read all it wanted (`plantstore deletions list |
 /// head -1`) is no failure: the rest goes nowhere and the command ends as it would have,
@@ -30,4 +31,39 @@ pub(crate) use out;
 /// A moment as every command prints it: RFC 3339 in UTC, to the second.
 pub(crate) fn time(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// The URL with its password, or its token, hidden.
+pub(crate) fn redacted(text: &str) -> String {
+    let Ok(mut url) = Url::parse(text) else {
+        return "(an unparseable URL)".into();
+    };
+    if url.password().is_some() {
+        let _ = url.set_password(Some("***"));
+    } else if !url.username().is_empty() {
+        let _ = url.set_username("***");
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_and_tokens_are_hidden() {
+        assert_eq!(
+            redacted("nats://user:secret@broker:4222"),
+            "nats://user:***@broker:4222"
+        );
+        assert_eq!(
+            redacted("nats://s3cret@broker:4222"),
+            "nats://***@broker:4222"
+        );
+        assert_eq!(redacted("nats://broker:4222"), "nats://broker:4222");
+        assert_eq!(
+            redacted("https://user:pw@example.com:99/hook"),
+            "https://user:***@example.com:99/hook"
+        );
+    }
 }

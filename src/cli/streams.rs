@@ -6,13 +6,12 @@ use clap::Subcommand;
 use plantstore_store::{
     EndpointRecord, NewEndpoint, ReplayOutcome, Store, StoreError, StreamTarget,
 };
-use reqwest::Url;
 
 use super::{
-    output::{out, time},
+    output::{out, redacted, time},
     webhooks::{event_kinds, find_destination, names},
 };
-use crate::webhooks::check_target;
+use crate::webhooks::{TargetUse, check_target, stored_url};
 
 #[derive(Debug, Subcommand)]
 pub enum StreamsCommand {
@@ -46,6 +45,13 @@ pub enum StreamsCommand {
     },
     /// Take a stream destination back: it publishes what it missed, from where it stopped
     Enable { id: i64 },
+    /// Give a stream destination a new server URL or credentials; it goes on from where it
+    /// got to, after the messages it published (the stream must exist and capture PREFIX.>)
+    SetUrl {
+        id: i64,
+        /// The NATS server, as for `add`
+        url: String,
+    },
     /// Publish again from a deletion log entry on, into a stream that lost those messages
     /// (it must hold none under the prefix, as at `add`)
     Replay {
@@ -69,22 +75,19 @@ pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::R
                 stream,
                 subject_prefix,
             };
-            let url = url.trim().to_owned();
-            if let Err(err) = check_target(&url, &target).await {
+            let url = stored_url(&url).map_err(anyhow::Error::msg)?;
+            if let Err(err) = check_target(&url, &target, TargetUse::Add).await {
                 bail!("{err}");
             }
             let destination = NewEndpoint {
                 url,
-                stream: Some(target),
+                stream: Some(target.clone()),
                 events: event_kinds(&events)?,
                 secret: String::new(),
                 http2: false,
             };
             let id = match store.add_endpoint(&destination).await {
-                Err(StoreError::Duplicate) => bail!(
-                    "a destination with the URL {} exists already",
-                    redacted(&destination.url)
-                ),
+                Err(StoreError::Duplicate) => bail!("{}", duplicate(&destination.url, &target)),
                 added => added?,
             };
             out!(
@@ -115,10 +118,28 @@ pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::R
             store.enable_endpoint(id).await?;
             out!("enabled stream destination {id}");
         }
+        StreamsCommand::SetUrl { id, url } => {
+            let destination = find_destination(store, id, true).await?;
+            let url = stored_url(&url).map_err(anyhow::Error::msg)?;
+            let Some(target) = &destination.stream else {
+                bail!("no stream destination has id {id}");
+            };
+            if let Err(err) = check_target(&url, target, TargetUse::Moved).await {
+                bail!("{err}");
+            }
+            match store.change_url(id, &url).await {
+                Err(StoreError::Duplicate) => bail!("{}", duplicate(&url, target)),
+                changed => changed?,
+            }
+            out!(
+                "stream destination {id} publishes to {} from now on, from where it got to",
+                redacted(&url)
+            );
+        }
         StreamsCommand::Replay { id, from } => {
             let destination = find_destination(store, id, true).await?;
             if let Some(target) = &destination.stream
-                && let Err(err) = check_target(&destination.url, target).await
+                && let Err(err) = check_target(&destination.url, target, TargetUse::Replay).await
             {
                 bail!("{err}");
             }
@@ -138,6 +159,16 @@ pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::R
     Ok(())
 }
 
+/// Why a destination is refused as a duplicate.
+fn duplicate(url: &str, target: &StreamTarget) -> String {
+    format!(
+        "a destination publishes to the stream {} under {}.> at {} already",
+        target.stream,
+        target.subject_prefix,
+        redacted(url)
+    )
+}
+
 /// A subject prefix is one or more dot-separated tokens, without wildcards or spaces.
 fn check_prefix(prefix: &str) -> anyhow::Result<()> {
     let usable = |token: &str| {
@@ -152,19 +183,6 @@ fn check_prefix(prefix: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-/// The URL with its password, or its token, hidden.
-fn redacted(text: &str) -> String {
-    let Ok(mut url) = Url::parse(text) else {
-        return "(an unparseable URL)".into();
-    };
-    if url.password().is_some() {
-        let _ = url.set_password(Some("***"));
-    } else if !url.username().is_empty() {
-        let _ = url.set_username("***");
-    }
-    url.to_string()
 }
 
 fn as_json(destinations: &[EndpointRecord]) -> serde_json::Value {
@@ -216,23 +234,5 @@ fn print_table(destinations: &[EndpointRecord]) {
             redacted(&d.url),
             d.last_error.as_deref().unwrap_or("-"),
         );
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn credentials_and_tokens_are_hidden() {
-        assert_eq!(
-            redacted("nats://user:secret@broker:4222"),
-            "nats://user:***@broker:4222"
-        );
-        assert_eq!(
-            redacted("nats://s3cret@broker:4222"),
-            "nats://***@broker:4222"
-        );
-        assert_eq!(redacted("nats://broker:4222"), "nats://broker:4222");
     }
 }

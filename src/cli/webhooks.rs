@@ -9,7 +9,7 @@ use plantstore_store::{
     time::storable_after,
 };
 
-use super::output::{out, time};
+use super::output::{out, redacted, time};
 use crate::webhooks::signature::new_secret;
 
 #[derive(Debug, Subcommand)]
@@ -41,6 +41,13 @@ pub enum WebhooksCommand {
     },
     /// Take a disabled endpoint back: it gets what it missed, from where it stopped
     Enable { id: i64 },
+    /// Give an endpoint a new URL (the receiver moved, or its credentials changed); it
+    /// goes on from where it got to, with the same signing secret
+    SetUrl {
+        id: i64,
+        /// Where events are POSTed from now on: an http:// or https:// URL
+        url: String,
+    },
     /// Deliver again, from a deletion log entry on, with the same webhook-ids
     Replay {
         id: i64,
@@ -70,7 +77,10 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             };
             let id = match store.add_endpoint(&endpoint).await {
                 Err(StoreError::Duplicate) => {
-                    bail!("an endpoint with the URL {} exists already", endpoint.url)
+                    bail!(
+                        "an endpoint with the URL {} exists already",
+                        redacted(&endpoint.url)
+                    )
                 }
                 added => added?,
             };
@@ -102,6 +112,20 @@ pub(super) async fn run(store: &dyn Store, command: WebhooksCommand) -> anyhow::
             find_destination(store, id, false).await?;
             endpoint_found(id, store.enable_endpoint(id).await)?;
             out!("enabled webhook endpoint {id}");
+        }
+        WebhooksCommand::SetUrl { id, url } => {
+            let url = endpoint_url(&url)?;
+            find_destination(store, id, false).await?;
+            match store.change_url(id, &url).await {
+                Err(StoreError::Duplicate) => {
+                    bail!("an endpoint with the URL {} exists already", redacted(&url))
+                }
+                changed => endpoint_found(id, changed)?,
+            }
+            out!(
+                "webhook endpoint {id} gets its events at {} from now on, from where it got to",
+                redacted(&url)
+            );
         }
         WebhooksCommand::Replay { id, from } => {
             find_destination(store, id, false).await?;
@@ -165,8 +189,9 @@ pub(super) async fn find_destination(
 
 /// The URL as given, once it is an absolute http(s) URL with a host.
 fn endpoint_url(text: &str) -> anyhow::Result<String> {
-    let url = reqwest::Url::parse(text.trim())
-        .with_context(|| format!("'{text}' is not a URL such as https://example.com/hooks"))?;
+    // The error leaves the text out: it may hold a password.
+    let url =
+        reqwest::Url::parse(text.trim()).context("not a URL such as https://example.com/hooks")?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         bail!(
             "a webhook URL must be http:// or https:// with a host, not '{}'",
@@ -211,7 +236,7 @@ fn as_json(endpoints: &[EndpointRecord]) -> serde_json::Value {
         .map(|e| {
             serde_json::json!({
                 "id": e.id,
-                "url": e.url,
+                "url": redacted(&e.url),
                 "events": names(&e.events),
                 "state": e.state.as_str(),
                 "http2": e.http2,
@@ -238,7 +263,11 @@ fn print_table(endpoints: &[EndpointRecord]) {
         "URL"
     );
     for e in endpoints {
-        let url = format!("{}{}", e.url, if e.http2 { " (HTTP/2)" } else { "" });
+        let url = format!(
+            "{}{}",
+            redacted(&e.url),
+            if e.http2 { " (HTTP/2)" } else { "" }
+        );
         out!(
             "{:<6} {:<9} {:<10} {:<8} {:<20} {:<20} {:<40} {}",
             e.id,

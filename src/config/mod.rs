@@ -105,29 +105,48 @@ pub struct ServeConfig {
 
     /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
     /// store spans go to its /v1/traces (unset or empty: nothing is exported)
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_ENDPOINT",
+        help_heading = "Telemetry options"
+    )]
     pub otlp_endpoint: Option<String>,
 
     /// Requests per second per token; over it the answer is 429 (`off`, empty or unset: no limit)
-    #[arg(long, env = "PLANTSTORE_RATE_LIMIT", default_value = "off")]
+    #[arg(
+        long,
+        env = "PLANTSTORE_RATE_LIMIT",
+        default_value = "off",
+        help_heading = "Server options"
+    )]
     pub rate_limit: RateLimit,
 
     /// How long after a delete a retry with the same Idempotency-Key from the same caller
     /// is answered 204 again (Idempotent-Replayed: true) instead of 404
     #[arg(long, env = "PLANTSTORE_IDEMPOTENCY_TTL", default_value = "24h",
-          value_parser = parse_duration)]
+          value_parser = parse_duration, help_heading = "Deletion log options")]
     pub idempotency_ttl: Duration,
 
     /// How long the deletion log keeps an entry: older ones are pruned by the running
     /// service, in small batches, once no destination still needs them; at least
     /// PLANTSTORE_IDEMPOTENCY_TTL (`off`, empty or unset: kept until `plantstore deletions
     /// prune`)
-    #[arg(long, env = "PLANTSTORE_DELETION_RETENTION", default_value = "off")]
+    #[arg(
+        long,
+        env = "PLANTSTORE_DELETION_RETENTION",
+        default_value = "off",
+        help_heading = "Deletion log options"
+    )]
     pub deletion_retention: Retention,
 
     /// Origins whose web pages may call the service from a browser: `*`, or a comma list
     /// such as https://shop.example,http://localhost:3000 (`off`, empty or unset: none)
-    #[arg(long, env = "PLANTSTORE_CORS_ALLOWED_ORIGINS", default_value = "off")]
+    #[arg(
+        long,
+        env = "PLANTSTORE_CORS_ALLOWED_ORIGINS",
+        default_value = "off",
+        help_heading = "Server options"
+    )]
     pub cors_allowed_origins: CorsOrigins,
 
     /// A second address, such as 127.0.0.1:9090, for /healthz, /readyz and /metrics,
@@ -136,7 +155,8 @@ pub struct ServeConfig {
         long,
         env = "PLANTSTORE_ADMIN_LISTEN",
         default_value = "",
-        hide_default_value = true
+        hide_default_value = true,
+        help_heading = "Server options"
     )]
     pub admin_listen: AdminListen,
 }
@@ -162,9 +182,10 @@ pub struct ConnectionConfig {
     pub max_connections: u32,
 }
 
-/// Delivery of deletion events to the endpoints `plantstore webhooks add` registers.
+/// Delivery of deletion events to every destination: the endpoints `plantstore webhooks
+/// add` registers and the streams `plantstore streams add` does.
 #[derive(Debug, Clone, clap::Args)]
-#[command(next_help_heading = "Webhook options")]
+#[command(next_help_heading = "Deletion event delivery options (webhooks and streams)")]
 pub struct WebhookConfig {
     /// One delivery attempt's limit: a 2xx within it delivers the event
     #[arg(long, env = "PLANTSTORE_WEBHOOK_TIMEOUT", default_value = "10s",
@@ -181,6 +202,59 @@ pub struct WebhookConfig {
     #[arg(long, env = "PLANTSTORE_WEBHOOK_RETRY_MAX", default_value = "1h",
           value_parser = parse_duration)]
     pub webhook_retry_max: Duration,
+}
+
+/// A parse error about a value that came from the environment, naming the variable the
+/// user set rather than the flag clap names; any other error as it is.
+pub fn name_the_variable(
+    err: clap::Error,
+    command: &mut clap::Command,
+    given: &[std::ffi::OsString],
+) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        err.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(invalid)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let flag = invalid
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .trim_start_matches("--");
+    let on_command_line = given.iter().filter_map(|arg| arg.to_str()).any(|arg| {
+        arg.strip_prefix("--")
+            .and_then(|arg| arg.strip_prefix(flag))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('='))
+    });
+    let arg = std::iter::once(&*command)
+        .chain(command.get_subcommands())
+        .flat_map(|command| command.get_arguments())
+        .find(|arg| arg.get_long() == Some(flag));
+    let Some((arg, variable)) = arg.and_then(|arg| Some((arg, arg.get_env()?))) else {
+        return err;
+    };
+    if on_command_line {
+        return err;
+    }
+    let value = match err.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(value)) if !arg.is_hide_env_values_set() => {
+            format!(" '{value}'")
+        }
+        _ => String::new(),
+    };
+    let reason = std::error::Error::source(&err)
+        .map(|reason| format!(": {reason}"))
+        .unwrap_or_default();
+    let message = format!(
+        "invalid value{value} for {}{reason}",
+        variable.to_string_lossy()
+    );
+    command.error(ErrorKind::ValueValidation, message)
 }
 
 impl ServeConfig {

@@ -73,6 +73,15 @@ pub fn init(
             .map_err(|err| format!("the notice filter: {err}"))?;
         directives = directives.add_directive(quiet);
     }
+    // The NATS client's own lines name no destination, and repeat with each reconnect; a
+    // destination's delivery logs the cause and shows it in `streams list` instead, and the
+    // commands print only their own lines. A filter that names async_nats decides.
+    if !filter.contains("async_nats") {
+        let quiet = "async_nats=off"
+            .parse()
+            .map_err(|err| format!("the NATS client's filter: {err}"))?;
+        directives = directives.add_directive(quiet);
+    }
     let (writer, logs) = NonBlockingBuilder::default()
         .lossy(false)
         .thread_name("plantstore-log")

@@ -91,6 +91,12 @@ impl EndpointClient {
     /// operator should see, not a place to send signed events to unasked. Neither the URL
     /// nor its credentials appear in what comes back.
     pub(super) async fn post(&self, signer: &Signer, event: &Event) -> Attempt {
+        // Only in a test build: a fault caused on purpose, to show that a panic in one
+        // destination's delivery is caught and shown (tests/api/webhooks/delivery.rs).
+        #[cfg(feature = "fault-injection")]
+        if self.url.path() == "/panic-on-purpose" {
+            panic!("a fault injected on purpose");
+        }
         let id = webhook_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();

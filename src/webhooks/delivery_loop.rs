@@ -10,7 +10,7 @@ use plantstore_store::{
     CommitNewsReceiver, DeliveryReport, EndpointState, Lease, Store, StoredMessage, StreamPosition,
 };
 use tokio::{
-    sync::watch,
+    sync::{Notify, watch},
     time::{Instant, MissedTickBehavior, sleep_until},
 };
 
@@ -40,6 +40,11 @@ const READ_GAP: Duration = Duration::from_millis(20);
 const SAVE_EVERY: Duration = Duration::from_millis(200);
 /// How long a stopping delivery waits for the answers to requests it has sent.
 const ANSWERS_ON_STOP: Duration = Duration::from_secs(2);
+/// How long a failing destination goes without an attempt at most (unless its receiver
+/// asked for longer, or `PLANTSTORE_WEBHOOK_RETRY_MAX` is shorter): one waiting event is
+/// sent then, and once it succeeds every waiting event goes, so an outage of any length is
+/// caught up within this, not within the longest backoff.
+const CATCH_UP_PROBE: Duration = Duration::from_secs(30);
 
 /// Why delivery to an endpoint ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,14 +58,21 @@ pub(super) enum DeliveryEnd {
     Halted,
 }
 
-/// How far delivery got, how much of that is saved, and whether its last attempt failed
-/// (with what, and when the next one is).
+/// How far delivery got, how much of that is saved, and whether its last attempt failed.
 struct Progress {
     cursor: StreamPosition,
     delivered_through: Option<i64>,
     saved: StreamPosition,
     last_save: Instant,
-    failing: Option<(String, DateTime<Utc>)>,
+    failing: Option<Failing>,
+}
+
+/// The last attempt's failure, and when the destination is tried next: at the failed
+/// event's own retry, or at the catch-up probe if that comes first.
+struct Failing {
+    error: String,
+    next_attempt_at: DateTime<Utc>,
+    probe_at: Instant,
 }
 
 impl Progress {
@@ -97,8 +109,8 @@ impl Progress {
             } else {
                 EndpointState::Active
             },
-            last_error: self.failing.as_ref().map(|(error, _)| error.clone()),
-            next_attempt_at: self.failing.as_ref().map(|(_, at)| *at),
+            last_error: self.failing.as_ref().map(|failing| failing.error.clone()),
+            next_attempt_at: self.failing.as_ref().map(|failing| failing.next_attempt_at),
         }
     }
 }
@@ -126,6 +138,23 @@ struct AttemptOutcome {
     attempt: Attempt,
     /// From the event's commit to this attempt's end.
     lag: Duration,
+    /// Sent before its wait was over, and why.
+    woken: Woken,
+}
+
+/// What sends waiting events before their time: the destination came back (every one
+/// that may be woken goes), or the catch-up probe (one goes).
+#[derive(Default)]
+struct Wake {
+    recovered: Notify,
+    probe: Notify,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Woken {
+    No,
+    Probe,
+    Recovery,
 }
 
 /// Attempts in flight, or waiting to be retried; `None` back from one that was still
@@ -167,6 +196,8 @@ impl DeliveryLoop {
         let mut pending = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
         let mut in_flight = InFlight::new();
+        let wake = Arc::new(Wake::default());
+        let mut probe_at = None;
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         // False after a read came back short, until news of a commit, or the poll, says
@@ -202,6 +233,7 @@ impl DeliveryLoop {
                         self.signer.clone(),
                         to_send,
                         last,
+                        Arc::clone(&wake),
                         self.stopping.clone(),
                     )
                     .boxed(),
@@ -224,6 +256,11 @@ impl DeliveryLoop {
                     log_may_hold_more = true;
                     continue;
                 }
+                () = sleep_until(probe_at.unwrap_or_else(Instant::now)), if probe_at.is_some() => {
+                    probe_at = None;
+                    wake.probe.notify_one();
+                    continue;
+                }
                 () = stop_requested(&mut self.stopping) => {
                     return self
                         .finish(&mut in_flight, &mut pending, &mut progress, &mut subjects)
@@ -233,12 +270,19 @@ impl DeliveryLoop {
             // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
-                if let Some(outcome) = outcome
-                    && let Some(end) = self
+                if let Some(outcome) = outcome {
+                    let was_failing = progress.failing.is_some();
+                    if let Some(end) = self
                         .settle(outcome, &mut pending, &mut progress, &mut subjects)
                         .await
-                {
-                    return end;
+                    {
+                        return end;
+                    }
+                    // The destination is back: what waits on it goes now.
+                    if was_failing && progress.failing.is_none() {
+                        wake.recovered.notify_waiters();
+                    }
+                    probe_at = progress.failing.as_ref().map(|failing| failing.probe_at);
                 }
                 next = in_flight.next().now_or_never().flatten();
             }
@@ -326,7 +370,12 @@ impl DeliveryLoop {
         progress: &mut Progress,
         subjects: &mut StreamSubjects,
     ) -> Option<DeliveryEnd> {
-        let AttemptOutcome { sent, attempt, lag } = outcome;
+        let AttemptOutcome {
+            sent,
+            attempt,
+            lag,
+            woken,
+        } = outcome;
         let event = sent.event;
         if let Attempt::Stored(message) = attempt {
             subjects.stored(message);
@@ -361,9 +410,20 @@ impl DeliveryLoop {
                 let failures = sent.failures + 1;
                 let wait = retry_wait(&self.config, failures, retry_after);
                 tracing::info!(webhook_id = %webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
-                let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
-                progress.failing = Some((error, next));
-                pending.retry(event, failures, wait);
+                let max = self.config.webhook_retry_max;
+                let probe = CATCH_UP_PROBE
+                    .min(max)
+                    .max(retry_after.unwrap_or_default().min(max));
+                let next =
+                    Utc::now() + chrono::Duration::from_std(wait.min(probe)).unwrap_or_default();
+                progress.failing = Some(Failing {
+                    error,
+                    next_attempt_at: next,
+                    probe_at: Instant::now() + probe,
+                });
+                // One sent at another's success that failed again is not sent at the next
+                // one's: an event its receiver keeps refusing would go at every success.
+                pending.retry(event, failures, wait, woken != Woken::Recovery);
                 self.save(progress, subjects).await
             }
         }
@@ -378,10 +438,23 @@ async fn attempt(
     signer: watch::Receiver<Arc<Signer>>,
     to_send: EventToSend,
     last: Option<StoredMessage>,
+    wake: Arc<Wake>,
     stopping: watch::Receiver<bool>,
 ) -> Option<AttemptOutcome> {
+    let mut woken = Woken::No;
     if !to_send.wait.is_zero() {
-        tokio::time::sleep(to_send.wait).await;
+        let recovered = async {
+            if to_send.may_wake {
+                wake.recovered.notified().await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        woken = tokio::select! {
+            () = tokio::time::sleep(to_send.wait) => Woken::No,
+            () = wake.probe.notified() => Woken::Probe,
+            () = recovered => Woken::Recovery,
+        };
         if *stopping.borrow() {
             return None;
         }
@@ -401,6 +474,7 @@ async fn attempt(
         sent: to_send,
         attempt,
         lag,
+        woken,
     })
 }
 

@@ -10,15 +10,17 @@ pub mod signature;
 mod stream;
 
 pub(crate) use attempt::EntryJson;
-pub(crate) use stream::check_target;
+pub(crate) use stream::{TargetUse, check_target, stored_url};
 
 use std::{
     collections::{HashMap, HashSet},
+    panic::AssertUnwindSafe,
     sync::Arc,
     time::Duration,
 };
 
-use plantstore_store::{Lease, Signing, Store};
+use futures_util::FutureExt;
+use plantstore_store::{DeliveryReport, EndpointState, Lease, Signing, Store};
 use tokio::{sync::watch, task::JoinHandle};
 
 use delivery_loop::DeliveryLoop;
@@ -97,11 +99,23 @@ impl Deliveries {
                 }
             };
             renewed = tokio::time::Instant::now();
+            for lease in &leases {
+                if let Some(task) = running.get_mut(&lease.endpoint_id)
+                    && let Some(reason) = task.take_panic()
+                {
+                    self.record_panic(lease, reason).await;
+                }
+            }
             // Stop what is no longer ours, has ended, or is not the row it started with
             // (removed, replayed, enabled again); a new secret is followed where it runs.
+            // One stopped by a panic stays stopped until its row changes: started again
+            // each second, it would fail the same way each second.
             running.retain(
                 |id, task| match leases.iter().find(|lease| lease.endpoint_id == *id) {
-                    Some(lease) if !task.task.is_finished() && task.started_as(lease) => {
+                    Some(lease)
+                        if (task.panicked || !task.task.is_finished())
+                            && task.started_as(lease) =>
+                    {
                         task.follow_secret(&lease.signing);
                         true
                     }
@@ -127,15 +141,47 @@ impl Deliveries {
                     commits: self.store.commits(),
                     stopping: stopping.clone(),
                 };
+                let endpoint = started.endpoint_id;
+                let task = tokio::spawn(async move {
+                    let panic = AssertUnwindSafe(delivery.run())
+                        .catch_unwind()
+                        .await
+                        .err()?;
+                    let reason = panic_message(panic.as_ref());
+                    tracing::error!(endpoint, %reason, "delivery to this destination stopped on an internal error; `enable` starts it again");
+                    Some(reason)
+                });
                 running.insert(
-                    started.endpoint_id,
+                    endpoint,
                     Running {
-                        task: tokio::spawn(delivery.run()),
+                        task,
                         started,
                         signer,
+                        panicked: false,
                     },
                 );
             }
+        }
+    }
+
+    /// Shows a delivery stopped by a panic as failing, with why, where it is now.
+    async fn record_panic(&self, lease: &Lease, reason: String) {
+        let report = DeliveryReport {
+            cursor: lease.cursor,
+            delivered_through: None,
+            state: EndpointState::Failing,
+            last_error: Some(format!(
+                "stopped on an internal error ({reason}); `enable` starts it again"
+            )),
+            next_attempt_at: None,
+            stored: Vec::new(),
+        };
+        if let Err(err) = self
+            .store
+            .report_delivery(lease, &self.owner, &report)
+            .await
+        {
+            tracing::warn!(endpoint = lease.endpoint_id, error = %err, "cannot save that the delivery stopped");
         }
     }
 
@@ -167,12 +213,25 @@ impl Deliveries {
 /// now), and the signer made from them; dropping it stops the task, and cancels its
 /// requests.
 struct Running {
-    task: JoinHandle<()>,
+    /// Ends with the panic's message if the delivery panicked.
+    task: JoinHandle<Option<String>>,
     started: Lease,
     signer: watch::Sender<Arc<Signer>>,
+    /// The task ended in a panic, already recorded.
+    panicked: bool,
 }
 
 impl Running {
+    /// The message of the panic the task ended in, the first time it is asked after.
+    fn take_panic(&mut self) -> Option<String> {
+        if self.panicked || !self.task.is_finished() {
+            return None;
+        }
+        let reason = (&mut self.task).now_or_never()?.ok().flatten()?;
+        self.panicked = true;
+        Some(reason)
+    }
+
     /// Whether `lease` is the row the task started with: the same endpoint (ids are never
     /// reused), URL, event types and generation.
     fn started_as(&self, lease: &Lease) -> bool {
@@ -193,6 +252,15 @@ impl Running {
             self.signer.send_replace(Arc::new(Signer::new(signing)));
         }
     }
+}
+
+/// A panic's message, as `panic!` and `expect` give it.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
 }
 
 impl Drop for Running {

@@ -18,6 +18,9 @@ pub(super) struct EventToSend {
     pub(super) event: Event,
     pub(super) failures: u32,
     pub(super) wait: Duration,
+    /// Whether the destination's recovery may cut the wait short (its catch-up probe
+    /// always may).
+    pub(super) may_wake: bool,
 }
 
 impl EventToSend {
@@ -26,6 +29,7 @@ impl EventToSend {
             event,
             failures: 0,
             wait: Duration::ZERO,
+            may_wake: true,
         }
     }
 }
@@ -117,11 +121,12 @@ impl PendingEvents {
     }
 
     /// The event failed: it stays its plant's one in flight, tried again after `wait`.
-    pub(super) fn retry(&mut self, event: Event, failures: u32, wait: Duration) {
+    pub(super) fn retry(&mut self, event: Event, failures: u32, wait: Duration, may_wake: bool) {
         self.ready.push_back(EventToSend {
             event,
             failures,
             wait,
+            may_wake,
         });
     }
 
@@ -189,7 +194,7 @@ mod tests {
         let mut pending = PendingEvents::new(deleted(0, 0).position);
         pending.add(vec![deleted(1, 7), deleted(2, 7)], |_| true);
         let first = pending.next_to_send().expect("a dispatch");
-        pending.retry(first.event, 1, Duration::from_millis(5));
+        pending.retry(first.event, 1, Duration::from_millis(5), true);
         let again = pending.next_to_send().expect("the retry");
         assert_eq!(
             (again.event.entry.id, again.failures, again.wait),

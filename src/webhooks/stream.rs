@@ -3,13 +3,18 @@
 //! message as `Nats-Expected-Last-Subject-Sequence`, so that a message stored before a
 //! crash but never recorded is found on its subject instead of being stored twice.
 
-use std::{collections::HashMap, sync::Arc, time::Duration};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex as SyncMutex},
+    time::Duration,
+};
 
 use async_nats::{
-    ConnectOptions,
+    ConnectOptions, ServerError,
+    connection::State,
     jetstream::{
         self,
-        context::PublishErrorKind,
+        context::{AccountErrorKind, PublishErrorKind},
         message::PublishMessage,
         stream::{LastRawMessageErrorKind, Stream},
     },
@@ -45,8 +50,30 @@ pub(super) struct StreamPublisher {
 
 /// A client of the destination's broker, and its stream.
 struct Connection {
+    client: async_nats::Client,
     context: jetstream::Context,
     stream: Stream<()>,
+    /// What the client last reported going wrong, while it reconnects by itself.
+    trouble: Trouble,
+}
+
+/// The client's last problem with the broker, as the operator should read it; cleared when
+/// it connects again. The client's own log lines are left out (telemetry), so this is
+/// where the cause is told, with the destination.
+type Trouble = Arc<SyncMutex<Option<String>>>;
+
+impl Connection {
+    /// Why a publish cannot be sent now: the client is not connected, and why not.
+    fn unusable(&self) -> Option<String> {
+        if self.client.connection_state() == State::Connected {
+            return None;
+        }
+        let trouble = self.trouble.lock().ok().and_then(|held| held.clone());
+        Some(format!(
+            "not connected to the NATS server: {}",
+            trouble.unwrap_or_else(|| "the connection was lost; reconnecting".into())
+        ))
+    }
 }
 
 /// A NATS URL taken apart: the address, and the credentials that leave it for the CONNECT.
@@ -81,7 +108,11 @@ impl Server {
         })
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<async_nats::Client, String> {
+    async fn connect(
+        &self,
+        timeout: Duration,
+        trouble: &Trouble,
+    ) -> Result<async_nats::Client, String> {
         let options = match (&self.user, &self.password) {
             (Some(user), Some(password)) => {
                 ConnectOptions::with_user_and_password(user.clone(), password.clone())
@@ -89,9 +120,18 @@ impl Server {
             (Some(token), None) => ConnectOptions::with_token(token.clone()),
             _ => ConnectOptions::new(),
         };
+        let seen = Arc::clone(trouble);
         options
             .name("plantstore")
             .connection_timeout(timeout)
+            .event_callback(move |event| {
+                if let Some(what) = trouble_in(event)
+                    && let Ok(mut held) = seen.lock()
+                {
+                    *held = what;
+                }
+                std::future::ready(())
+            })
             .connect(self.address.as_str())
             .await
             .map_err(|err| format!("cannot connect to the NATS server: {}", one_line(&err)))
@@ -122,14 +162,20 @@ impl StreamPublisher {
         if let Some(connection) = held.as_ref() {
             return Ok(Arc::clone(connection));
         }
-        let client = self.server.connect(self.timeout).await?;
-        let mut context = jetstream::new(client);
+        let trouble = Trouble::default();
+        let client = self.server.connect(self.timeout, &trouble).await?;
+        let mut context = jetstream::new(client.clone());
         context.set_timeout(self.timeout);
         let stream = context
             .get_stream_no_info(&self.target.stream)
             .await
             .map_err(|err| format!("cannot use the stream: {}", one_line(&err)))?;
-        let connection = Arc::new(Connection { context, stream });
+        let connection = Arc::new(Connection {
+            client,
+            context,
+            stream,
+            trouble,
+        });
         *held = Some(Arc::clone(&connection));
         Ok(connection)
     }
@@ -161,7 +207,12 @@ impl StreamPublisher {
             Ok(connection) => connection,
             Err(error) => return Attempt::failed(error),
         };
-        let Connection { context, stream } = connection.as_ref();
+        if let Some(error) = connection.unusable() {
+            return Attempt::failed(error);
+        }
+        let Connection {
+            context, stream, ..
+        } = connection.as_ref();
         let subject = format!("{}.{}", self.target.subject_prefix, plant);
         let id = webhook_id(event);
         let stored = |stream_seq: u64| {
@@ -205,6 +256,14 @@ impl StreamPublisher {
             };
             if err.kind() == PublishErrorKind::TimedOut {
                 self.forget(&connection).await;
+                if let Some(error) = connection.unusable() {
+                    return Attempt::failed(error);
+                }
+            }
+            if err.kind() == PublishErrorKind::StreamNotFound
+                && let Some(error) = jetstream_missing(context).await
+            {
+                return Attempt::failed(error);
             }
             if err.kind() != PublishErrorKind::WrongLastSequence {
                 return Attempt::failed(describe_publish(&err, &self.target));
@@ -288,6 +347,50 @@ impl StreamPublisher {
     }
 }
 
+/// What a client event says about the connection: `Some(None)` when it is fine again,
+/// `Some(Some(cause))` when it is not, `None` when it says nothing about it.
+fn trouble_in(event: async_nats::Event) -> Option<Option<String>> {
+    use async_nats::{ClientError, ConnectErrorKind, Event};
+    const REFUSED: &str = "the server refused the credentials (authorization violation)";
+    let cause = match event {
+        Event::Connected => return Some(None),
+        Event::Disconnected => "the connection was lost; reconnecting".to_owned(),
+        Event::ServerError(ServerError::AuthorizationViolation) => REFUSED.to_owned(),
+        Event::ServerError(err) => format!("the server said: {err}"),
+        // A failed reconnect carries only its kind, as text.
+        Event::ClientError(ClientError::Other(kind)) => {
+            let is = |known: ConnectErrorKind| kind == known.to_string();
+            if is(ConnectErrorKind::AuthorizationViolation) || is(ConnectErrorKind::Authentication)
+            {
+                REFUSED.to_owned()
+            } else if is(ConnectErrorKind::Io) || is(ConnectErrorKind::Dns) {
+                "cannot reach the server; reconnecting".to_owned()
+            } else if is(ConnectErrorKind::Tls) {
+                "the TLS handshake failed (is the server's certificate trusted?)".to_owned()
+            } else if is(ConnectErrorKind::TimedOut) {
+                "connecting timed out; reconnecting".to_owned()
+            } else {
+                format!("reconnecting failed: {kind}")
+            }
+        }
+        Event::ClientError(err) => err.to_string(),
+        _ => return None,
+    };
+    Some(Some(cause))
+}
+
+/// Why nothing answers for a stream when it is JetStream itself that is missing, not the
+/// stream: the server runs without it, or this account has none.
+async fn jetstream_missing(context: &jetstream::Context) -> Option<String> {
+    match context.query_account().await {
+        Err(err) if err.kind() == AccountErrorKind::JetStreamUnavailable => Some(
+            "JetStream is not enabled on this NATS server, or not for this account (nats-server -js)"
+                .into(),
+        ),
+        _ => None,
+    }
+}
+
 /// A refused or unanswered publish in a line an operator can act on.
 fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarget) -> String {
     match err.kind() {
@@ -302,22 +405,56 @@ fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarge
     }
 }
 
-/// What `streams add` and `streams replay` make sure of before a destination delivers: the
-/// server answers with these credentials, the stream exists and captures `<prefix>.>`, and
-/// holds no message there yet (one would stand where this destination expects none).
-pub(crate) async fn check_target(url: &str, target: &StreamTarget) -> Result<(), String> {
+/// The URL as a destination stores it: usable (as `Server::parse` checks), less what means
+/// nothing to a NATS server (a path, such as a trailing `/`, a query, a fragment), so that
+/// one server is written one way and a second destination for the same stream and prefix
+/// on it is found a duplicate.
+pub(crate) fn stored_url(text: &str) -> Result<String, String> {
+    Server::parse(text)?;
+    let mut url = Url::parse(text.trim()).map_err(|err| err.to_string())?;
+    url.set_path("");
+    url.set_query(None);
+    url.set_fragment(None);
+    Ok(url.to_string())
+}
+
+/// What a stream destination's command is about to do with the stream.
+pub(crate) enum TargetUse {
+    /// Publish from the start (`add`; `replay`, which keeps its prefix): the stream must
+    /// hold no message under the prefix, as one would stand where this destination expects
+    /// none.
+    Add,
+    Replay,
+    /// Go on publishing after the messages there (`set-url`).
+    Moved,
+}
+
+/// What the stream commands make sure of before a destination delivers: the server answers
+/// with these credentials, JetStream and the stream exist, and the stream captures
+/// `<prefix>.>`; unless the destination moved, it holds no message there yet.
+pub(crate) async fn check_target(
+    url: &str,
+    target: &StreamTarget,
+    future: TargetUse,
+) -> Result<(), String> {
     const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
     let server = Server::parse(url)?;
-    let client = server.connect(CHECK_TIMEOUT).await?;
+    let client = server.connect(CHECK_TIMEOUT, &Trouble::default()).await?;
     let mut context = jetstream::new(client);
     context.set_timeout(CHECK_TIMEOUT);
-    let mut stream = context.get_stream(&target.stream).await.map_err(|err| {
-        format!(
-            "cannot use the stream {}: {} (the service does not create it: see docs/deletion-events.md)",
-            target.stream,
-            one_line(&err)
-        )
-    })?;
+    let mut stream = match context.get_stream(&target.stream).await {
+        Ok(stream) => stream,
+        Err(err) => {
+            if let Some(missing) = jetstream_missing(&context).await {
+                return Err(missing);
+            }
+            return Err(format!(
+                "cannot use the stream {}: {} (the service does not create it: see docs/deletion-events.md)",
+                target.stream,
+                one_line(&err)
+            ));
+        }
+    };
     let wanted = format!("{}.>", target.subject_prefix);
     let info = stream
         .info()
@@ -335,12 +472,21 @@ pub(crate) async fn check_target(url: &str, target: &StreamTarget) -> Result<(),
             info.config.subjects.join(", ")
         ));
     }
+    if matches!(future, TargetUse::Moved) {
+        return Ok(());
+    }
     match stream.get_first_raw_message_by_subject(&wanted, 1).await {
         Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(()),
         Err(err) => Err(format!("cannot read the stream: {}", one_line(&err))),
         Ok(found) => Err(format!(
-            "the stream {} already holds messages on {wanted} (the first at sequence {}): purge them (nats stream purge {} --subject '{wanted}') or choose another --subject-prefix",
-            target.stream, found.sequence, target.stream
+            "the stream {} already holds messages on {wanted} (the first at sequence {}): purge them (nats stream purge {} --subject '{wanted}'){}",
+            target.stream,
+            found.sequence,
+            target.stream,
+            match future {
+                TargetUse::Add => " or choose another --subject-prefix",
+                _ => "",
+            }
         )),
     }
 }
@@ -419,6 +565,21 @@ mod tests {
             "plantstore.*",
         ] {
             assert!(!captures(filter, wanted), "{filter}");
+        }
+    }
+
+    #[test]
+    fn one_server_is_stored_one_way() {
+        for text in [
+            "nats://u:p@broker:4222",
+            "nats://u:p@broker:4222/",
+            " nats://u:p@broker:4222/x?y#z ",
+        ] {
+            assert_eq!(
+                stored_url(text).as_deref(),
+                Ok("nats://u:p@broker:4222"),
+                "{text}"
+            );
         }
     }
 

@@ -47,6 +47,7 @@ fn stderr(output: &Output) -> String {
 fn token_create_prints_the_token_alone_on_the_last_line_and_list_never_shows_it() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
+    assert!(run(dir.path(), &url, &["migrate"]).status.success());
 
     let created = run(
         dir.path(),
@@ -213,9 +214,24 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "cannot open the database",
             "",
         ),
-        ("PLANTSTORE_LISTEN", "not-an-address", "invalid value", ""),
-        ("PLANTSTORE_DB_ACQUIRE_TIMEOUT", "soon", "invalid value", ""),
-        ("PLANTSTORE_SHUTDOWN_DELAY", "-2s", "invalid value", ""),
+        (
+            "PLANTSTORE_LISTEN",
+            "not-an-address",
+            "invalid value 'not-an-address' for PLANTSTORE_LISTEN",
+            "",
+        ),
+        (
+            "PLANTSTORE_DB_ACQUIRE_TIMEOUT",
+            "soon",
+            "invalid value 'soon' for PLANTSTORE_DB_ACQUIRE_TIMEOUT",
+            "",
+        ),
+        (
+            "PLANTSTORE_SHUTDOWN_DELAY",
+            "-2s",
+            "invalid value '-2s' for PLANTSTORE_SHUTDOWN_DELAY",
+            "",
+        ),
         ("PLANTSTORE_MIGRATE", "false", "plants.id", ""),
         (
             "PLANTSTORE_JWT_SECRET",
@@ -241,7 +257,12 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "such as 127.0.0.1:9090",
             "",
         ),
-        ("PLANTSTORE_WEBHOOK_TIMEOUT", "fast", "invalid value", ""),
+        (
+            "PLANTSTORE_WEBHOOK_TIMEOUT",
+            "fast",
+            "invalid value 'fast' for PLANTSTORE_WEBHOOK_TIMEOUT",
+            "",
+        ),
         (
             "PLANTSTORE_WEBHOOK_RETRY_MIN",
             "2h",
@@ -254,7 +275,12 @@ fn bad_configuration_ends_with_one_clear_line_and_no_panic() {
             "PLANTSTORE_WEBHOOK_RETRY_MIN must be above zero and at most PLANTSTORE_WEBHOOK_RETRY_MAX",
             "",
         ),
-        ("PLANTSTORE_DELETION_RETENTION", "0s", "invalid value", ""),
+        (
+            "PLANTSTORE_DELETION_RETENTION",
+            "0s",
+            "invalid value '0s' for PLANTSTORE_DELETION_RETENTION",
+            "",
+        ),
         (
             "PLANTSTORE_DELETION_RETENTION",
             "1h",
@@ -631,6 +657,7 @@ async fn probes_are_counted_but_logged_only_at_debug() {
 fn token_list_json_is_one_array_a_script_can_read() {
     let dir = tempfile::tempdir().expect("dir");
     let url = sqlite_url(dir.path());
+    assert!(run(dir.path(), &url, &["migrate"]).status.success());
     let created = run(dir.path(), &url, &["token", "create", "--name", "ci"]);
     let token = stdout(&created).lines().last().expect("a token").to_owned();
     run(
@@ -796,4 +823,105 @@ async fn a_delete_s_spans_are_exported_over_otlp_in_the_caller_s_trace() {
     assert!(has(b"otlp-test-1"), "the request id");
     assert!(has(b"delete_plant"), "the handler's span");
     assert!(has(b"delete_batch"), "the store's commit span");
+}
+
+/// Settings given in the environment are named by their variable when wrong, never by the
+/// flag the user did not write; a flag given on the command line is named as a flag.
+#[test]
+fn a_bad_value_is_named_where_the_user_gave_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let from_env = plantstore(dir.path(), &url)
+        .env("PLANTSTORE_WEBHOOK_TIMEOUT", "fast")
+        .arg("serve")
+        .output()
+        .expect("run");
+    let err = stderr(&from_env);
+    assert!(
+        err.contains("PLANTSTORE_WEBHOOK_TIMEOUT") && !err.contains("--webhook-timeout"),
+        "{err}"
+    );
+    let from_flag = run(dir.path(), &url, &["serve", "--webhook-timeout", "fast"]);
+    let err = stderr(&from_flag);
+    assert!(err.contains("--webhook-timeout"), "{err}");
+}
+
+/// `--help` groups each flag with what it is for: the delivery group holds the delivery
+/// settings alone.
+#[test]
+fn help_groups_the_flags_by_what_they_are_for() {
+    let dir = tempfile::tempdir().expect("dir");
+    let url = sqlite_url(dir.path());
+    let help = stdout(&run(dir.path(), &url, &["serve", "--help"]));
+    let mut heading = String::new();
+    let mut under: Vec<(String, String)> = Vec::new();
+    for line in help.lines() {
+        if !line.starts_with(' ') && line.ends_with(':') {
+            heading = line.trim_end_matches(':').to_owned();
+        } else if let Some(flag) = line.trim_start().strip_prefix("--") {
+            let flag = flag.split([' ', '=']).next().unwrap_or_default().to_owned();
+            under.push((flag, heading.clone()));
+        }
+    }
+    let heading_of = |flag: &str| {
+        under
+            .iter()
+            .find(|(f, _)| f == flag)
+            .map(|(_, h)| h.as_str())
+            .unwrap_or_else(|| panic!("--{flag} in --help: {help}"))
+    };
+    for flag in ["webhook-timeout", "webhook-retry-min", "webhook-retry-max"] {
+        assert!(
+            heading_of(flag).starts_with("Deletion event delivery"),
+            "{flag}"
+        );
+    }
+    for (flag, wanted) in [
+        ("otlp-endpoint", "Telemetry options"),
+        ("rate-limit", "Server options"),
+        ("cors-allowed-origins", "Server options"),
+        ("admin-listen", "Server options"),
+        ("idempotency-ttl", "Deletion log options"),
+        ("deletion-retention", "Deletion log options"),
+    ] {
+        assert_eq!(heading_of(flag), wanted, "--{flag}");
+    }
+}
+
+/// Run from a folder without the service's database, a command that needs one says where
+/// it looked and how to name the right one, and leaves no empty database behind; `migrate`
+/// still makes one.
+#[test]
+fn an_admin_command_without_a_database_says_where_it_looked_and_makes_none() {
+    let dir = tempfile::tempdir().expect("dir");
+    let default_url = "sqlite://plantstore.db?mode=rwc";
+    for args in [
+        &[
+            "streams",
+            "add",
+            "nats://127.0.0.1:4222",
+            "--stream",
+            "PLANTS",
+        ][..],
+        &["webhooks", "list"],
+        &["token", "list"],
+        &["deletions", "list"],
+    ] {
+        let output = run(dir.path(), default_url, args);
+        let err = stderr(&output);
+        assert!(!output.status.success(), "{args:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        let looked = dir.path().join("plantstore.db");
+        assert!(
+            err.contains(&format!("no database at {}", looked.display()))
+                && err.contains("DATABASE_URL"),
+            "{args:?}: {err}"
+        );
+        assert!(!looked.exists(), "{args:?} made an empty database");
+    }
+    let made = run(dir.path(), default_url, &["migrate"]);
+    assert!(made.status.success(), "{}", stderr(&made));
+    assert!(dir.path().join("plantstore.db").exists());
+    let listed = run(dir.path(), default_url, &["token", "list"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
 }

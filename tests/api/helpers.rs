@@ -607,3 +607,87 @@ pub fn refused(output: &std::process::Output) -> String {
     assert!(last.starts_with("plantstore: "), "{stderr}");
     last
 }
+
+/// `plantstore serve` as its own process, killed (SIGKILL) on `kill` or when the test ends,
+/// however it ends.
+pub struct ServeProcess(std::process::Child);
+
+impl ServeProcess {
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `plantstore serve` as its own process on `port`, so that it can be killed with SIGKILL.
+pub fn serve_process(db_url: &str, port: u16) -> ServeProcess {
+    serve_process_with(db_url, port, &[], std::process::Stdio::inherit())
+}
+
+/// `serve_process` with more of the environment, and its log (stderr) where `log` says.
+pub fn serve_process_with(
+    db_url: &str,
+    port: u16,
+    env: &[(&str, &str)],
+    log: std::process::Stdio,
+) -> ServeProcess {
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
+        .env_clear()
+        .env("DATABASE_URL", db_url)
+        .env("PLANTSTORE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("PLANTSTORE_WEBHOOK_TIMEOUT", "1s")
+        .env("PLANTSTORE_WEBHOOK_RETRY_MIN", "50ms")
+        .env("PLANTSTORE_WEBHOOK_RETRY_MAX", "500ms")
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("plantstore serve runs");
+    ServeProcess(child)
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Deletes each of `plants` from the service on `port` with `token`, expecting 204s.
+pub async fn delete_on(port: u16, token: &str, plants: impl IntoIterator<Item = i64>) {
+    let client = reqwest::Client::new();
+    let deletes = plants.into_iter().map(|id| {
+        client
+            .delete(format!("http://127.0.0.1:{port}/plants/{id}"))
+            .bearer_auth(token)
+            .send()
+    });
+    for answer in futures::future::join_all(deletes).await {
+        assert_eq!(answer.expect("an answer").status(), 204);
+    }
+}
+
+/// Waits until the service on `port` answers `/healthz`.
+pub async fn wait_until_serving(port: u16) {
+    eventually(Duration::from_secs(20), "the service answering", || async {
+        reqwest::get(format!("http://127.0.0.1:{port}/healthz"))
+            .await
+            .ok()
+            .filter(|answer| answer.status().is_success())
+    })
+    .await;
+}
+
+/// A token made with the command, as an operator makes one.
+pub fn new_token(db_url: &str, name: &str) -> String {
+    let created = succeeded(&plantstore_on(db_url, &["token", "create", "--name", name]));
+    created.lines().last().expect("a token line").to_owned()
+}

@@ -110,6 +110,16 @@ async fn old_entries_go_and_what_a_destination_needs_stays(backend: Backend) {
         scraped.get("plantstore_deletion_log_pruned_total"),
         Some(&1220.0)
     );
+    // The size read each minute follows the prune at once, not at the next read.
+    eventually(
+        Duration::from_secs(5),
+        "the log size after the prune",
+        || async {
+            let scraped = scrape_at(&app.client, &pruning).await;
+            (scraped.get("plantstore_deletion_log_entries") == Some(&20.0)).then_some(())
+        },
+    )
+    .await;
     assert_eq!(
         scraped.get("plantstore_deletion_retention_seconds"),
         Some(&(90.0 * 86_400.0))

@@ -7,9 +7,10 @@ use std::{collections::HashMap, time::Duration};
 use serde_json::Value;
 
 use crate::{
-    fixtures::nats::{NatsServer, StreamMessage, read_stream, stream_config},
+    fixtures::nats::{NatsServer, StreamMessage, TestCa, read_stream, stream_config},
     helpers::{
-        Backend, TestApp, TestDb, eventually, plantstore_on, refused, spawn_app_on, succeeded,
+        Backend, TestApp, TestDb, delete_on, eventually, free_port, new_token, plantstore_on,
+        refused, serve_process, serve_process_with, spawn_app_on, succeeded, wait_until_serving,
     },
     on_both_backends,
 };
@@ -23,6 +24,7 @@ on_both_backends!(
     a_missing_or_full_stream_is_explained_and_nothing_is_lost,
     two_instances_publish_each_entry_once,
     a_silent_broker_then_healed_loses_nothing,
+    rotated_credentials_are_named_and_set_url_keeps_every_event_once,
 );
 
 /// Short waits, so retries happen within a test.
@@ -49,6 +51,15 @@ fn destinations(db_url: &str) -> Vec<Value> {
         Ok(Value::Array(list)) => list,
         other => panic!("not a JSON array: {other:?}\n{out}"),
     }
+}
+
+/// Waits until the (first) destination is `failing` with `cause` in its last error.
+async fn failing_because(db_url: &str, cause: &str) -> Value {
+    let what = format!("failing: {cause}");
+    wait_for_destination(db_url, &what, |d| {
+        d["state"] == "failing" && d["last_error"].as_str().is_some_and(|e| e.contains(cause))
+    })
+    .await
 }
 
 async fn wait_for_destination(db_url: &str, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
@@ -139,9 +150,18 @@ async fn check_stream(
     expected: &HashMap<i64, Vec<String>>,
     case: &str,
 ) -> ExactlyOnce {
+    check_stream_within(WITHIN, nats, expected, case).await
+}
+
+async fn check_stream_within(
+    within: Duration,
+    nats: &NatsServer,
+    expected: &HashMap<i64, Vec<String>>,
+    case: &str,
+) -> ExactlyOnce {
     let js = nats.jetstream().await;
     let wanted: usize = expected.values().map(Vec::len).sum();
-    let messages = eventually(WITHIN, "every event in the stream", || async {
+    let messages = eventually(within, "every event in the stream", || async {
         let messages = read_stream(&js, STREAM).await;
         (messages.len() >= wanted).then_some(messages)
     })
@@ -342,6 +362,46 @@ async fn add_refuses_what_cannot_work_and_never_prints_the_password() {
             "the password printed: {line}"
         );
     }
+    // Several destinations on one server, each with its own stream or prefix; the same
+    // stream and prefix twice is refused, however the URL is written.
+    nats.add_stream(stream_config("BOTH", &["a.plants.>", "b.plants.>"]))
+        .await;
+    let mut added = Vec::new();
+    for prefix in ["a.plants", "b.plants"] {
+        let out = succeeded(&plantstore_on(
+            &db.url,
+            &[
+                "streams",
+                "add",
+                &url,
+                "--stream",
+                "BOTH",
+                "--subject-prefix",
+                prefix,
+            ],
+        ));
+        added.push(out.split_whitespace().nth(3).expect("an id").to_owned());
+    }
+    let line = refused(&plantstore_on(
+        &db.url,
+        &[
+            "streams",
+            "add",
+            &format!("{url}/"),
+            "--stream",
+            "BOTH",
+            "--subject-prefix",
+            "a.plants",
+        ],
+    ));
+    assert!(
+        line.contains("publishes to the stream BOTH under a.plants.>")
+            && !line.contains("s3cret-pass"),
+        "{line}"
+    );
+    for id in added {
+        succeeded(&plantstore_on(&db.url, &["streams", "remove", &id]));
+    }
     // A message already on the subjects would stand where the destination expects none.
     let js = nats.jetstream().await;
     js.publish("plantstore.plants.1", "not ours".into())
@@ -357,102 +417,24 @@ async fn add_refuses_what_cannot_work_and_never_prints_the_password() {
     assert!(destinations(&db.url).is_empty());
 }
 
-/// A broker that requires TLS, its certificate signed by a CA made for the test: `tls://`
+/// A broker that requires TLS, its certificate signed by a CA made for the test. `tls://`
 /// and a plain `nats://` to it are refused in one line that says why, never a panic (two
-/// TLS crypto providers compiled in, with none chosen, made rustls panic here); with the
-/// CA in `SSL_CERT_FILE`, the connection is made, and `add` goes on to look for the stream.
+/// TLS crypto providers compiled in, with none chosen, made rustls panic here), without the
+/// CA and with another one; with the CA in `SSL_CERT_FILE`, `add` goes on to the stream and
+/// prints its line alone. The service, trusting the CA the same way, publishes every event
+/// once.
 #[tokio::test]
-async fn a_tls_broker_is_trusted_through_ssl_cert_file_and_refused_in_one_line_without() {
-    let dir = tempfile::tempdir().expect("a folder for the certificates");
-    let file = |name: &str| dir.path().join(name).display().to_string();
-    let openssl = |args: &[&str]| {
-        let made = std::process::Command::new("openssl")
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .expect("openssl runs");
-        assert!(made.status.success(), "{args:?}: {made:?}");
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    openssl(
-        &[
-            &[
-                "req",
-                "-x509",
-                "-days",
-                "2",
-                "-subj",
-                "/CN=Plant Store test CA",
-            ][..],
-            &ec,
-            &["-keyout", "ca.key", "-out", "ca.pem"],
-        ]
-        .concat(),
-    );
-    openssl(
-        &[
-            &["req", "-subj", "/CN=127.0.0.1"][..],
-            &ec,
-            &["-keyout", "broker.key", "-out", "broker.csr"],
-        ]
-        .concat(),
-    );
-    std::fs::write(
-        file("ext"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .expect("the extensions file");
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "broker.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "2",
-        "-extfile",
-        "ext",
-        "-out",
-        "broker.pem",
-    ]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut broker = std::process::Command::new("nats-server")
-        .args(["-a", "127.0.0.1", "-p", &port.to_string(), "--tls"])
-        .args([
-            "--tlscert",
-            &file("broker.pem"),
-            "--tlskey",
-            &file("broker.key"),
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("nats-server runs");
-    eventually(WITHIN, "the TLS broker listening", || async {
-        tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()
-    })
-    .await;
+async fn a_tls_broker_with_a_private_ca_gets_every_event_once_and_is_refused_in_one_line_without_it()
+ {
+    let ca = TestCa::new();
+    let another_ca = TestCa::new();
+    let nats = NatsServer::start_tls(&ca.broker_certificate()).await;
     let db = TestDb::new(Backend::Sqlite).await;
     succeeded(&plantstore_on(&db.url, &["migrate"]));
-    let add = |url: &str, ca: Option<&str>| {
+    let add = |url: &str, trusted: Option<&std::path::Path>| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"));
         command.env_clear().env("DATABASE_URL", &db.url);
-        if let Some(ca) = ca {
+        if let Some(ca) = trusted {
             command.env("SSL_CERT_FILE", ca);
         }
         command
@@ -460,51 +442,190 @@ async fn a_tls_broker_is_trusted_through_ssl_cert_file_and_refused_in_one_line_w
             .output()
             .expect("run plantstore")
     };
+    let one_line = |output: &std::process::Output| {
+        let line = refused(output);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+        line
+    };
     for url in [
-        format!("tls://127.0.0.1:{port}"),
-        format!("nats://127.0.0.1:{port}"),
+        format!("tls://127.0.0.1:{}", nats.port),
+        format!("nats://127.0.0.1:{}", nats.port),
     ] {
-        let line = refused(&add(&url, None));
-        assert!(line.contains("certificate"), "{url}: {line}");
-        // Trusted: the server has no JetStream, so `add` stops at the stream.
-        let line = refused(&add(&url, Some(&file("ca.pem"))));
-        assert!(line.contains("cannot use the stream"), "{url}: {line}");
+        for trusted in [None, Some(another_ca.pem())] {
+            let line = one_line(&add(&url, trusted.as_deref()));
+            assert!(line.contains("certificate"), "{url}: {line}");
+        }
+        let line = one_line(&add(&url, Some(&ca.pem())));
+        assert!(
+            line.contains("cannot use the stream PLANTS"),
+            "{url}: {line}"
+        );
     }
+    nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
+        .await;
+    let added = add(&format!("tls://127.0.0.1:{}", nats.port), Some(&ca.pem()));
+    let out = succeeded(&added);
+    assert!(out.starts_with("added stream destination"), "{out}");
+    assert!(
+        added.stderr.is_empty(),
+        "the command's output is its own: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+
+    succeeded(&plantstore_on(&db.url, &["seed", "--count", "20"]));
+    let token = new_token(&db.url, "tls");
+    let port = free_port();
+    let ca_file = ca.pem().display().to_string();
+    let _service = serve_process_with(
+        &db.url,
+        port,
+        &[("SSL_CERT_FILE", &ca_file)],
+        std::process::Stdio::inherit(),
+    );
+    wait_until_serving(port).await;
+    delete_on(port, &token, 1..=20).await;
+    let expected = expected_from_log(&db.url);
+    let counts = check_stream(&nats, &expected, "TLS with a private CA").await;
+    assert_eq!(counts, all_once(&expected));
+}
+
+/// A NATS server without JetStream is named as such, not taken for a missing stream.
+#[tokio::test]
+async fn a_server_without_jetstream_is_named_as_such() {
+    let port = free_port();
+    let mut broker = std::process::Command::new("nats-server")
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server runs");
+    eventually(WITHIN, "the broker listening", || async {
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()
+    })
+    .await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    succeeded(&plantstore_on(&db.url, &["migrate"]));
+    let line = refused(&plantstore_on(
+        &db.url,
+        &[
+            "streams",
+            "add",
+            &format!("nats://127.0.0.1:{port}"),
+            "--stream",
+            STREAM,
+        ],
+    ));
+    assert!(line.contains("JetStream is not enabled"), "{line}");
     let _ = broker.kill();
     let _ = broker.wait();
 }
 
-/// `plantstore serve` as its own process, killed (SIGKILL) on `kill` or when the test ends,
-/// however it ends.
-struct ServeProcess(std::process::Child);
+/// Credentials rotated on the broker: `streams list` shows the destination `failing`
+/// with the broker's reason while deletes go on; `set-url` refuses a password the broker
+/// refuses, and with the new one the destination goes on from where it got to, every
+/// event in the stream once.
+async fn rotated_credentials_are_named_and_set_url_keeps_every_event_once(backend: Backend) {
+    let mut nats = NatsServer::start_with(Some(("plants", "old-pass"))).await;
+    nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
+        .await;
+    let app = spawn_app_on(TestDb::new(backend).await, quick_retries).await;
+    let id = add_destination(&app.db.url, &nats).to_string();
+    let plants: Vec<i64> = (1..=20).collect();
+    app.add_plants(&plants).await;
+    let mut expected = HashMap::new();
+    delete_plants(&app, &plants[..10], &mut expected).await;
+    assert_eq!(
+        check_stream(&nats, &expected, "before the rotation").await,
+        all_once(&expected)
+    );
 
-impl ServeProcess {
-    fn kill(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    nats.rotate_credentials("plants", "new-pass").await;
+    delete_plants(&app, &plants[10..], &mut expected).await;
+    let failing = failing_because(&app.db.url, "authorization violation").await;
+    assert!(failing["next_attempt_at"].is_string(), "{failing}");
+    let url = |password: &str| format!("nats://plants:{password}@127.0.0.1:{}", nats.port);
+    let line = refused(&plantstore_on(
+        &app.db.url,
+        &["streams", "set-url", &id, &url("wrong-pass")],
+    ));
+    assert!(line.contains("authorization violation"), "{line}");
+    let out = succeeded(&plantstore_on(
+        &app.db.url,
+        &["streams", "set-url", &id, &url("new-pass")],
+    ));
+    assert!(!out.contains("new-pass"), "{out}");
+
+    let counts = check_stream(&nats, &expected, "across a credentials rotation").await;
+    assert_eq!(counts, all_once(&expected));
+    let listed = wait_for_destination(&app.db.url, "nothing pending", |d| d["pending"] == 0).await;
+    assert_eq!(listed["state"], "active", "{listed}");
+    assert_eq!(
+        listed["delivered_through"],
+        expected_last(&expected),
+        "{listed}"
+    );
 }
 
-impl Drop for ServeProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// The broker away long enough that each event's next attempt is an hour off (both
+/// retry bounds at 1 h): once it is back, the catch-up probe finds it and every event is
+/// in the stream once, within the probe's 30 s, not the hour. Meanwhile `list` shows the
+/// destination `failing`, with the cause and the next attempt.
+#[tokio::test]
+async fn a_broker_back_after_an_hours_backoff_is_caught_up_within_the_probe() {
+    let mut nats = NatsServer::start().await;
+    nats.add_stream(stream_config(STREAM, &["plantstore.plants.>"]))
+        .await;
+    let app = spawn_app_on(TestDb::new(Backend::Sqlite).await, |config| {
+        config.serve.webhooks.webhook_timeout = Duration::from_millis(1000);
+        config.serve.webhooks.webhook_retry_min = Duration::from_secs(3600);
+        config.serve.webhooks.webhook_retry_max = Duration::from_secs(3600);
+    })
+    .await;
+    add_destination(&app.db.url, &nats);
+    let plants: Vec<i64> = (1..=10).collect();
+    app.add_plants(&plants).await;
+    nats.kill();
+    let mut expected = HashMap::new();
+    delete_plants(&app, &plants, &mut expected).await;
+    let failing = wait_for_destination(&app.db.url, "failing while the broker is away", |d| {
+        d["state"] == "failing" && d["last_error"].is_string() && d["next_attempt_at"].is_string()
+    })
+    .await;
+    eprintln!("while the broker is away: {failing}");
+    nats.start_again().await;
+    let back = std::time::Instant::now();
+    let within = Duration::from_secs(45);
+    let counts = check_stream_within(within, &nats, &expected, "an hour's backoff").await;
+    eprintln!(
+        "caught up {:.1} s after the broker came back",
+        back.elapsed().as_secs_f64()
+    );
+    assert_eq!(counts, all_once(&expected));
 }
 
-/// `plantstore serve` as its own process on `port`, so that it can be killed with SIGKILL.
-fn serve_process(db_url: &str, port: u16) -> ServeProcess {
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_plantstore"))
-        .env_clear()
-        .env("DATABASE_URL", db_url)
-        .env("PLANTSTORE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("PLANTSTORE_WEBHOOK_TIMEOUT", "1s")
-        .env("PLANTSTORE_WEBHOOK_RETRY_MIN", "50ms")
-        .env("PLANTSTORE_WEBHOOK_RETRY_MAX", "500ms")
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .expect("plantstore serve runs");
-    ServeProcess(child)
+/// The largest deletion id in `expected`: where `delivered_through` ends.
+fn expected_last(expected: &HashMap<i64, Vec<String>>) -> i64 {
+    expected
+        .values()
+        .flatten()
+        .filter_map(|id| id.strip_prefix("deletion_")?.parse().ok())
+        .max()
+        .expect("an event")
+}
+
+/// Each plant's `deletion_<id>` in log order, from the log.
+fn expected_from_log(db_url: &str) -> HashMap<i64, Vec<String>> {
+    let mut expected: HashMap<i64, Vec<String>> = HashMap::new();
+    for (plant, id) in logged_on(db_url) {
+        expected
+            .entry(plant)
+            .or_default()
+            .push(format!("deletion_{id}"));
+    }
+    expected
 }
 
 /// The service killed (SIGKILL) after JetStream acknowledged messages and before it saved
@@ -580,11 +701,7 @@ async fn kill_between_acknowledgement_and_save(
     let db = TestDb::new(backend).await;
     succeeded(&plantstore_on(&db.url, &["migrate"]));
     succeeded(&plantstore_on(&db.url, &["seed", "--count", "40"]));
-    let created = succeeded(&plantstore_on(
-        &db.url,
-        &["token", "create", "--name", "crash"],
-    ));
-    let token = created.lines().last().expect("a token line").to_owned();
+    let token = new_token(&db.url, "crash");
     add_destination(&db.url, &nats);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -713,13 +830,7 @@ async fn a_missing_or_full_stream_is_explained_and_nothing_is_lost(backend: Back
     full.discard = async_nats::jetstream::stream::DiscardPolicy::New;
     js.update_stream(full.clone()).await.expect("a limit");
     delete_plants(&app, &plants[10..], &mut expected).await;
-    let failing = wait_for_destination(&app.db.url, "failing: full", |d| {
-        d["state"] == "failing"
-            && d["last_error"]
-                .as_str()
-                .is_some_and(|e| e.contains("maximum messages"))
-    })
-    .await;
+    let failing = failing_because(&app.db.url, "maximum messages").await;
     assert!(failing["pending"].as_i64() > Some(0), "{failing}");
     full.max_messages = -1;
     js.update_stream(full).await.expect("room again");
@@ -884,6 +995,10 @@ async fn replay_fills_a_purged_stream_once_and_is_refused_over_a_full_one() {
         &["streams", "replay", &id, "--from", &first],
     ));
     assert!(line.contains("already holds messages"), "{line}");
+    assert!(
+        !line.contains("--subject-prefix"),
+        "replay has no such flag: {line}"
+    );
     let js = nats.jetstream().await;
     js.get_stream(STREAM)
         .await

@@ -11,6 +11,7 @@ on_both_backends!(
     each_refused_command_is_one_clear_line,
     a_removed_endpoint_gets_nothing_more_and_its_id_is_never_reused,
     a_rotated_secret_signs_beside_the_old_one_until_the_overlap_ends,
+    set_url_moves_delivery_on_from_where_it_got_and_no_password_is_printed,
 );
 
 async fn a_410_disables_the_endpoint_until_it_is_enabled(backend: Backend) {
@@ -72,6 +73,8 @@ async fn replay_sends_again_from_an_entry_with_the_same_ids(backend: Backend) {
     wait_until_nothing_pending(&app).await;
     let first_round = receiver.accepted();
 
+    // Refused for a while, so the list can be read before the replay delivers anything.
+    receiver.set_default(Reply::Status(503));
     let entries = app.db.deletion_ids().await;
     succeeded(&plantstore(
         &app,
@@ -83,8 +86,19 @@ async fn replay_sends_again_from_an_entry_with_the_same_ids(backend: Backend) {
             &entries[1].to_string(),
         ],
     ));
+    let replaying = wait_for_endpoint(&app, "the replay failing", |endpoint| {
+        endpoint["last_error"].is_string()
+    })
+    .await;
+    assert!(
+        replaying["delivered_through"].is_null(),
+        "a replay starts delivered_through again: {replaying}"
+    );
+    receiver.set_default(Reply::Status(204));
     receiver
-        .wait_for(WITHIN, "two replayed", |got| got.len() >= 5)
+        .wait_for(WITHIN, "two replayed", |got| {
+            got.iter().filter(|r| r.accepted).count() >= 5
+        })
         .await;
     wait_until_nothing_pending(&app).await;
     let got = receiver.accepted();
@@ -148,7 +162,15 @@ async fn each_refused_command_is_one_clear_line(backend: Backend) {
             vec!["webhooks", "add", "ftp://example.com/x"],
             "a webhook URL must be http:// or https://",
         ),
-        (vec!["webhooks", "add", "not a url"], "is not a URL"),
+        (vec!["webhooks", "add", "not a url"], "not a URL such as"),
+        (
+            vec!["webhooks", "set-url", "999", "https://example.com/x"],
+            "no webhook endpoint has id 999",
+        ),
+        (
+            vec!["webhooks", "set-url", &id, "ftp://example.com/x"],
+            "a webhook URL must be http:// or https://",
+        ),
         (
             vec!["webhooks", "add", receiver.url.as_str()],
             "exists already",
@@ -333,4 +355,109 @@ async fn until_delivery_follows(
             .then_some(())
     })
     .await;
+}
+
+/// A receiver that moved: `set-url` sends the events from where the endpoint got to, to
+/// the new URL only, signed with the same secret. A password in a URL is never printed:
+/// not by `add`, `list` or `set-url`, nor in a refusal.
+async fn set_url_moves_delivery_on_from_where_it_got_and_no_password_is_printed(backend: Backend) {
+    let old = Receiver::start(&[], Reply::Status(204)).await;
+    let moved = Receiver::start(&[], Reply::Status(204)).await;
+    let app = spawn(backend).await;
+    let id = add_endpoint(&app, &old, &[]).to_string();
+    moved.verify_with(&receiver_secret(&old));
+    delete_and_await_delivery(&app, &old, 5).await;
+    wait_until_nothing_pending(&app).await;
+    let before = logged_ids(&app).await;
+
+    let with_password = |url: &str| url.replacen("http://", "http://ops:pa55word@", 1);
+    let out = succeeded(&plantstore(
+        &app,
+        &["webhooks", "set-url", &id, &with_password(&moved.url)],
+    ));
+    assert!(out.contains(&id) && !out.contains("pa55word"), "{out}");
+    // The delivery follows the change at its next round of lease claims: until then a
+    // probe's event may still go to the old URL.
+    let probes: Vec<i64> = (100..=140).collect();
+    app.add_plants(&probes).await;
+    let mut probes = probes.into_iter();
+    eventually(WITHIN, "the delivery following the new URL", || {
+        let probe = probes.next().expect("a probe plant left");
+        let (at_old, at_moved) = (old.received().len(), moved.received().len());
+        let (old, moved, app) = (&old, &moved, &app);
+        async move {
+            delete_all(app, [probe]).await;
+            eventually(WITHIN, "the probe's event", || async {
+                let (now_old, now_moved) = (old.received().len(), moved.received().len());
+                (now_old + now_moved > at_old + at_moved).then_some(now_moved > at_moved)
+            })
+            .await
+            .then_some(())
+        }
+    })
+    .await;
+    let old_had = old.received().len();
+    let probed = logged_ids(&app).await;
+    app.add_plants(&[6, 7, 8]).await;
+    delete_all(&app, [6, 7, 8]).await;
+    let after: HashSet<String> = logged_ids(&app)
+        .await
+        .difference(&probed)
+        .cloned()
+        .collect();
+    wait_until_accepted(&moved, &after).await;
+    let endpoint = wait_until_nothing_pending(&app).await;
+    assert_eq!(old.received().len(), old_had, "nothing more at the old URL");
+    let everywhere: HashSet<String> = accepted_ids(&old)
+        .into_iter()
+        .chain(accepted_ids(&moved))
+        .collect();
+    assert!(
+        logged_ids(&app).await.is_subset(&everywhere),
+        "every event delivered, at one URL or the other"
+    );
+    let at_moved: HashSet<String> = accepted_ids(&moved).into_iter().collect();
+    assert!(
+        at_moved.is_disjoint(&before),
+        "nothing from before the move is sent again"
+    );
+    assert!(moved.received().iter().all(|r| r.verified));
+    assert!(
+        moved
+            .received()
+            .iter()
+            .all(|r| r.authorization.starts_with("Basic ")),
+        "the URL's credentials go as HTTP Basic"
+    );
+
+    let listed = [
+        endpoint.to_string(),
+        succeeded(&plantstore(&app, &["webhooks", "list"])),
+    ];
+    let added = plantstore(
+        &app,
+        &[
+            "webhooks",
+            "add",
+            "https://user:pw-added@example.com:8443/hook",
+        ],
+    );
+    let refused_add = plantstore(
+        &app,
+        &[
+            "webhooks",
+            "add",
+            "https://user:pw-refused@example.com:99999/hook",
+        ],
+    );
+    let refused_line = refused(&refused_add);
+    for shown in listed.iter().chain([
+        &succeeded(&added),
+        &succeeded(&plantstore(&app, &["webhooks", "list", "--json"])),
+        &refused_line,
+    ]) {
+        for password in ["pa55word", "pw-added", "pw-refused"] {
+            assert!(!shown.contains(password), "{password} printed: {shown}");
+        }
+    }
 }

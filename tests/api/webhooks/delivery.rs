@@ -12,6 +12,7 @@ on_both_backends!(
     metrics_show_deliveries_pending_and_lag_per_endpoint,
     a_slow_receiver_gets_each_event_once,
     a_redirect_is_a_failure_retry_after_is_kept_and_url_credentials_go_as_basic,
+    a_receiver_back_after_an_hours_backoff_is_caught_up_within_the_probe,
 );
 
 async fn every_committed_delete_arrives_signed_after_the_receiver_recovers(backend: Backend) {
@@ -272,4 +273,113 @@ async fn a_redirect_is_a_failure_retry_after_is_kept_and_url_credentials_go_as_b
     let waited = |i: usize| got[i + 1].at - got[i].at;
     assert!(waited(1) >= Duration::from_millis(950), "{:?}", waited(1));
     assert!(waited(2) >= Duration::from_millis(950), "{:?}", waited(2));
+}
+
+/// Every event refused until each one's next attempt is an hour off (both retry bounds at
+/// 1 h), as after a long outage; meanwhile `list` shows the endpoint `failing`, with the
+/// error and the next attempt. Once the receiver is back, the catch-up probe finds it within
+/// its 30 s, and its success sends every waiting event at once, not an hour later.
+async fn a_receiver_back_after_an_hours_backoff_is_caught_up_within_the_probe(backend: Backend) {
+    let receiver = Receiver::start(&[], Reply::Status(503)).await;
+    let app = spawn_app_on(TestDb::new(backend).await, |config| {
+        config.serve.webhooks.webhook_timeout = Duration::from_millis(500);
+        config.serve.webhooks.webhook_retry_min = Duration::from_secs(3600);
+        config.serve.webhooks.webhook_retry_max = Duration::from_secs(3600);
+    })
+    .await;
+    add_endpoint(&app, &receiver, &[]);
+    let plants: Vec<i64> = (1..=8).collect();
+    app.add_plants(&plants).await;
+    delete_all(&app, plants.iter().copied()).await;
+    receiver
+        .wait_for(WITHIN, "each event refused once", |got| {
+            got.len() >= plants.len()
+        })
+        .await;
+    let failing = wait_for_endpoint(&app, "failing, with the error and the next attempt", |e| {
+        e["state"] == "failing" && e["last_error"].is_string() && e["next_attempt_at"].is_string()
+    })
+    .await;
+    eprintln!("while the receiver refuses: {failing}");
+
+    receiver.set_default(Reply::Status(204));
+    let back = std::time::Instant::now();
+    let expected = logged_ids(&app).await;
+    wait_until_accepted_within(Duration::from_secs(45), &receiver, &expected).await;
+    eprintln!(
+        "caught up {:.1} s after the receiver came back",
+        back.elapsed().as_secs_f64()
+    );
+    let endpoint = wait_until_nothing_pending(&app).await;
+    assert_eq!(endpoint["state"], "active", "{endpoint}");
+}
+
+/// A panic inside one destination's delivery, caused on purpose (`--features
+/// fault-injection`: a webhook URL whose path is /panic-on-purpose): that destination shows
+/// `failing` with the reason, the log says so once, not each second, and another
+/// destination of the same instance gets every event.
+#[cfg(feature = "fault-injection")]
+#[tokio::test]
+async fn fault_injection_a_panic_in_one_destination_is_shown_logged_once_and_the_others_go_on() {
+    use crate::helpers::{delete_on, free_port, new_token, serve_process_with, wait_until_serving};
+    let receiver = Receiver::start(&[], Reply::Status(204)).await;
+    let db = TestDb::new(Backend::Sqlite).await;
+    succeeded(&plantstore_on(&db.url, &["migrate"]));
+    succeeded(&plantstore_on(&db.url, &["seed", "--count", "10"]));
+    let token = new_token(&db.url, "fault");
+    let out = succeeded(&plantstore_on(&db.url, &["webhooks", "add", &receiver.url]));
+    receiver.verify_with(out.lines().last().expect("a secret"));
+    let out = succeeded(&plantstore_on(
+        &db.url,
+        &["webhooks", "add", "http://127.0.0.1:9/panic-on-purpose"],
+    ));
+    let faulty = out.split_whitespace().nth(3).expect("its id").to_owned();
+
+    let log_dir = tempfile::tempdir().expect("a folder for the log");
+    let log_path = log_dir.path().join("serve.log");
+    let log = std::fs::File::create(&log_path).expect("the log file");
+    let port = free_port();
+    let _service = serve_process_with(&db.url, port, &[], log.into());
+    wait_until_serving(port).await;
+    delete_on(port, &token, 1..=10).await;
+
+    let expected: HashSet<String> = db
+        .deletion_ids()
+        .await
+        .into_iter()
+        .map(|id| format!("deletion_{id}"))
+        .collect();
+    wait_until_accepted(&receiver, &expected).await;
+    let list = |db: &TestDb| {
+        let out = succeeded(&plantstore_on(&db.url, &["webhooks", "list", "--json"]));
+        serde_json::from_str::<Vec<Value>>(&out).expect("a JSON list")
+    };
+    let shown = eventually(
+        WITHIN,
+        "the faulty destination failing, with why",
+        || async {
+            list(&db).into_iter().find(|e| {
+                e["id"].to_string() == faulty
+                    && e["state"] == "failing"
+                    && e["last_error"]
+                        .as_str()
+                        .is_some_and(|error| error.contains("a fault injected on purpose"))
+            })
+        },
+    )
+    .await;
+    eprintln!("the faulty destination: {shown}");
+    // Started again each second, it would panic and log again each second.
+    nothing_happens_within(Duration::from_secs(3)).await;
+    let logged = std::fs::read_to_string(&log_path).expect("the log");
+    let stopped = logged
+        .lines()
+        .filter(|line| line.contains("delivery to this destination stopped"))
+        .count();
+    assert_eq!(stopped, 1, "logged once: {logged}");
+    let healthy = list(&db)
+        .into_iter()
+        .find(|e| e["id"].to_string() != faulty)
+        .expect("the healthy endpoint");
+    assert_eq!(healthy["state"], "active", "{healthy}");
 }

@@ -120,8 +120,16 @@ async fn delete_and_await_delivery(app: &TestApp, receiver: &Receiver, count: i6
 
 /// Waits until the receiver has accepted each of `expected`.
 async fn wait_until_accepted(receiver: &Receiver, expected: &HashSet<String>) {
+    wait_until_accepted_within(WITHIN, receiver, expected).await;
+}
+
+async fn wait_until_accepted_within(
+    within: Duration,
+    receiver: &Receiver,
+    expected: &HashSet<String>,
+) {
     receiver
-        .wait_for(WITHIN, "every delete accepted", |got| {
+        .wait_for(within, "every delete accepted", |got| {
             let accepted: HashSet<&str> = got
                 .iter()
                 .filter(|r| r.accepted)
