@@ -8,8 +8,9 @@ panel of deploy/grafana/plantstore-dashboard.json is run and must return data. T
 database is stopped, a webhook endpoint fails, and the instance is stopped, one after
 another: the receiver must get PlantStoreDatabaseUnreachable, PlantStoreDestinationFailing
 and PlantStoreInstanceDown firing, no sooner than the rule's `for:` and within it plus
-SLACK, and each resolved within SLACK of the fault's end. Prints each query and each
-alert's times; exits 1 on any failure.
+SLACK, and each resolved within SLACK of the fault's end, its runbook_url the address of
+docs/operations.md set as prometheus.yml's external label plus an anchor that page has.
+Prints each query and each alert's times; exits 1 on any failure.
 
 Run from the repository root, as root, after `cargo test` (it uses target/debug/plantstore);
 it needs Debian's prometheus, prometheus-alertmanager and PostgreSQL 15:
@@ -21,6 +22,7 @@ import http.client
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -36,6 +38,10 @@ WHAT = "monitoring"
 BINARY = "target/debug/plantstore"
 RULES = os.path.abspath("deploy/prometheus/plantstore-rules.yml")
 DASHBOARD = "deploy/grafana/plantstore-dashboard.json"
+RUNBOOK_PAGE = "docs/operations.md"
+# Where an operator's copy of the repository shows RUNBOOK_PAGE, set once as an external
+# label (docs/operations.md, "Alerts"); each alert's runbook_url adds its heading's anchor.
+RUNBOOKS = "https://git.example.com/ops/plantstore/blob/main/docs/operations.md"
 # From a rule's `for:` ending to the receiver's notice, and from a fault's end to the
 # resolved notice: a scrape and an evaluation (1 s each here), the readiness check (5 s),
 # Alertmanager's group wait (1 s), and the endpoint's next try (at most 5 s here).
@@ -82,13 +88,18 @@ class Receivers(http.server.ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), ReceiverHandler)
         self.failing = False
-        self.notices = []  # (arrived, status, alertname, labels)
+        self.notices = []  # (arrived, status, alertname, alert as Alertmanager sent it)
         self.lock = threading.Lock()
 
     def notice(self, alertname, status, since):
         """When the first notice of `alertname` with `status` came after `since`."""
+        first = self.first(alertname, status, since)
+        return first and first[0]
+
+    def first(self, alertname, status, since):
+        """(arrived, alert) of the first notice of `alertname` with `status` after `since`."""
         with self.lock:
-            return next((at for at, got, name, _ in self.notices
+            return next(((at, alert) for at, got, name, alert in self.notices
                          if name == alertname and got == status and at >= since), None)
 
 
@@ -103,7 +114,7 @@ class ReceiverHandler(http.server.BaseHTTPRequestHandler):
             with self.server.lock:
                 for alert in json.loads(body)["alerts"]:
                     self.server.notices.append((arrived, alert["status"],
-                                                alert["labels"]["alertname"], alert["labels"]))
+                                                alert["labels"]["alertname"], alert))
         elif self.server.failing:
             status = 500
         self.send_response(status)
@@ -125,7 +136,8 @@ def prometheus(work, instance_port, alertmanager_port):
     with open(config, "w") as out:
         # JSON is YAML, as both read it.
         out.write(json.dumps({
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s",
+                       "external_labels": {"plantstore_runbooks": RUNBOOKS}},
             "rule_files": [RULES],
             "alerting": {"alertmanagers": [
                 {"static_configs": [{"targets": [f"127.0.0.1:{alertmanager_port}"]}]}]},
@@ -250,6 +262,21 @@ def rule_for(prometheus_port, alertname):
     return durations[0]
 
 
+def check_runbook(alert):
+    """Fails unless the notice's runbook_url opens: an absolute http(s) address, the page
+    set in RUNBOOKS, at the anchor GitHub and GitLab give the alert's heading there."""
+    name, url = alert["labels"]["alertname"], alert["annotations"].get("runbook_url", "")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        fail(WHAT, f"{name}'s runbook_url {url!r} is not an absolute http(s) address")
+    if url != f"{RUNBOOKS}#{name.lower()}":
+        fail(WHAT, f"{name}'s runbook_url is {url!r}, not {RUNBOOKS}#{name.lower()}")
+    with open(RUNBOOK_PAGE) as page:
+        if not re.search(rf"^#+ {name}$", page.read(), re.MULTILINE):
+            fail(WHAT, f"{RUNBOOK_PAGE} has no heading {name} for its runbook_url")
+    return url
+
+
 def fires_and_resolves(receivers, prometheus_port, alertname, cause, cure):
     """Causes the fault, waits for `alertname` firing, cures it, waits for it resolved;
     fails unless each came in time. Returns (fired after, resolved after) in seconds."""
@@ -258,16 +285,18 @@ def fires_and_resolves(receivers, prometheus_port, alertname, cause, cure):
     cause()
     if not wait_until(lambda: receivers.notice(alertname, "firing", began), window + SLACK):
         fail(WHAT, f"{alertname} did not fire within {window + SLACK} s of the fault")
-    fired = receivers.notice(alertname, "firing", began) - began
+    arrived, alert = receivers.first(alertname, "firing", began)
+    fired = arrived - began
     if fired < window:
         fail(WHAT, f"{alertname} fired {fired:.1f} s after the fault, before its for: {window} s")
+    runbook = check_runbook(alert)
     cured = time.monotonic()
     cure()
     if not wait_until(lambda: receivers.notice(alertname, "resolved", cured), SLACK):
         fail(WHAT, f"{alertname} was not resolved within {SLACK} s of the fault's end")
     resolved = receivers.notice(alertname, "resolved", cured) - cured
     print(f"ok: {alertname} (for: {window} s): fired {fired:.1f} s after the fault, "
-          f"resolved {resolved:.1f} s after its end")
+          f"resolved {resolved:.1f} s after its end; runbook {runbook}")
     return fired, resolved
 
 
