@@ -3,8 +3,10 @@
 
 A real Prometheus (Debian's 2.42) scrapes one `plantstore serve` on its own PostgreSQL
 server, evaluating deploy/prometheus/plantstore-rules.yml, and a real Alertmanager (Debian's
-0.25) routes the alerts to a webhook receiver here. After a short load, every query of every
-panel of deploy/grafana/plantstore-dashboard.json is run and must return data. Then the
+0.25) routes the alerts to a webhook receiver here. deploy/grafana/plantstore-dashboard.json
+must leave file provisioning nothing to fill in (no `${DS_...}` input) and filter every series
+of every query by its `job` and `instance` variables; after a short load, every query of
+every panel, the variables filled in as Grafana would, is run and must return data. Then the
 database is stopped, a webhook endpoint fails, and the instance is stopped, one after
 another: the receiver must get PlantStoreDatabaseUnreachable, PlantStoreDestinationFailing
 and PlantStoreInstanceDown firing, no sooner than the rule's `for:` and within it plus
@@ -186,16 +188,111 @@ def query(prometheus_port, expr):
     return body.get("status"), body.get("data", {}).get("result", []) or body.get("error")
 
 
-def panel_queries():
-    """(panel title, expression) for each query of each panel, as Grafana would send it."""
-    with open(DASHBOARD) as dashboard:
-        panels = json.load(dashboard)["panels"]
+def selectors(expr):
+    """(metric, its `{...}` or "") for each series the PromQL `expr` names."""
     out = []
-    for panel in panels:
-        for target in panel.get("targets", []):
-            out.append((panel["title"], target["expr"].replace("$__rate_interval",
-                                                               RATE_INTERVAL)))
+    for name in re.finditer(r"\b(?:plantstore|process)_\w+", expr):
+        rest = expr[name.end():]
+        end, quoted = 0, False
+        if rest.startswith("{"):
+            # To the brace that closes it: a label's value may hold one ("/plants/{id}").
+            for end, char in enumerate(rest):
+                if char == '"' and rest[end - 1] != "\\":
+                    quoted = not quoted
+                elif char == "}" and not quoted:
+                    end += 1
+                    break
+        out.append((name.group(), rest[:end]))
     return out
+
+
+def check_dashboard_file():
+    """The dashboard, after failing unless it provisions from a file as docs/operations.md
+    says: no `${DS_...}` input left to fill at import, every panel and query on the
+    `$datasource` variable, `job` and `instance` query variables offering All, and every
+    series of every query filtered by both."""
+    with open(DASHBOARD) as file:
+        text = file.read()
+    dashboard = json.loads(text)
+    if "${DS_" in text or "__inputs" in dashboard:
+        fail(WHAT, f"{DASHBOARD} has an import input (${{DS_...}}), which file provisioning "
+                   "never fills in")
+    variables = {each["name"]: each for each in dashboard["templating"]["list"]}
+    source = variables.get("datasource", {})
+    if source.get("type") != "datasource" or source.get("query") != "prometheus":
+        fail(WHAT, f"{DASHBOARD} has no Prometheus data source variable `datasource`")
+    for name in ("job", "instance"):
+        variable = variables.get(name, {})
+        if variable.get("type") != "query" or not (variable.get("includeAll")
+                                                   and variable.get("multi")):
+            fail(WHAT, f"{DASHBOARD} has no query variable `{name}` offering All")
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for where in (panel, target):
+                if where.get("datasource", {}).get("uid") != "${datasource}":
+                    fail(WHAT, f"panel {panel['title']!r} reads another data source than "
+                               "${datasource}")
+            for metric, selector in selectors(target["expr"]):
+                if 'job=~"$job"' not in selector or 'instance=~"$instance"' not in selector:
+                    fail(WHAT, f"panel {panel['title']!r}: {metric} is not filtered by "
+                               f"$job and $instance in {target['expr']}")
+    return dashboard
+
+
+def grafana_regex_escape(value):
+    """One value of a multi-value variable as Grafana's Prometheus data source writes it
+    into a query (its prometheusSpecialRegexEscape): regex metacharacters escaped, the
+    backslashes doubled for the PromQL string around it."""
+    value = value.replace("\\", "\\" * 4)
+    return re.sub(r"[$^*{}\[\]+?.()|]", lambda char: "\\\\" + char.group(), value)
+
+
+def interpolate(text, values):
+    """`text` with each `$name` or `${name}` replaced by values[name]."""
+    def value(variable):
+        name = variable.group(1) or variable.group(2)
+        if name not in values:
+            fail(WHAT, f"{DASHBOARD}: nothing for ${name} in {text}")
+        return values[name]
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, text)
+
+
+def variable_values(prometheus_port, dashboard):
+    """Each variable as Grafana fills it in with All picked, or None while one finds
+    nothing: `$job`, then `$instance` (whose query names `$job`), each every label value
+    Prometheus has for its `label_values(selector, label)`, escaped and joined as a regex.
+    `$datasource` is this Prometheus; `$__rate_interval` is RATE_INTERVAL."""
+    values = {"__rate_interval": RATE_INTERVAL}
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "datasource":
+            continue
+        query = variable["query"]
+        query = query if isinstance(query, str) else query["query"]
+        parsed = re.fullmatch(r"label_values\((.+),\s*(\w+)\)", query)
+        if not parsed:
+            fail(WHAT, f"variable {variable['name']}: {query!r} is not label_values(...)")
+        selector, label = interpolate(parsed.group(1), values), parsed.group(2)
+        answer = api(prometheus_port, f"label/{label}/values?"
+                     + urllib.parse.urlencode({"match[]": selector}))
+        options = [grafana_regex_escape(each) for each in sorted(answer.get("data") or [])]
+        if not options:
+            return None
+        values[variable["name"]] = (options[0] if len(options) == 1
+                                    else "(" + "|".join(options) + ")")
+    return values
+
+
+def panel_queries(prometheus_port, dashboard):
+    """(panel title, expression) for each query of each panel, as Grafana would send it."""
+    found = []
+    if not wait_until(lambda: found.append(variable_values(prometheus_port, dashboard))
+                      or found[-1], 30):
+        fail(WHAT, "the dashboard's variables found no job or instance in Prometheus")
+    values = found[-1]
+    print("dashboard variables: " + ", ".join(
+        f"${name} = {value}" for name, value in values.items()))
+    return [(panel["title"], interpolate(target["expr"], values))
+            for panel in dashboard["panels"] for target in panel.get("targets", [])]
 
 
 class Load:
@@ -223,8 +320,8 @@ class Load:
         conn.close()
 
 
-def check_dashboard(prometheus_port):
-    queries = panel_queries()
+def check_dashboard(prometheus_port, dashboard):
+    queries = panel_queries(prometheus_port, dashboard)
     if not queries:
         fail(WHAT, f"no panel queries in {DASHBOARD}")
     with_data = {}
@@ -303,6 +400,7 @@ def fires_and_resolves(receivers, prometheus_port, alertname, cause, cure):
 def main():
     if not os.path.exists(BINARY):
         fail(WHAT, f"{BINARY} is missing; run `cargo build` first")
+    dashboard = check_dashboard_file()
     work = tempfile.mkdtemp(prefix="plantstore-monitoring-")
     os.chmod(work, 0o755)
     processes = []
@@ -332,7 +430,7 @@ def main():
         load = Load(port, token, 100_000)
         load.thread.start()
         time.sleep(5)  # a few seconds of load before the first query: Prometheus needs samples
-        check_dashboard(prom_port)
+        check_dashboard(prom_port, dashboard)
         load.stop.set()
         load.thread.join()
 
