@@ -6,7 +6,9 @@ server, evaluating deploy/prometheus/plantstore-rules.yml, and a real Alertmanag
 0.25) routes the alerts to a webhook receiver here. deploy/grafana/plantstore-dashboard.json
 must leave file provisioning nothing to fill in (no `${DS_...}` input) and filter every series
 of every query by its `job` and `instance` variables; after a short load, every query of
-every panel, the variables filled in as Grafana would, is run and must return data. Then the
+every panel, the variables filled in as Grafana would, is run and must return data, and
+before the load the queries of panels whose series appear only at a first event (a 401, a
+prune) must each return a 0 of their own. Then the
 database is stopped, a webhook endpoint fails, and the instance is stopped, one after
 another: the receiver must get PlantStoreDatabaseUnreachable, PlantStoreDestinationFailing
 and PlantStoreInstanceDown firing, no sooner than the rule's `for:` and within it plus
@@ -48,6 +50,9 @@ RUNBOOKS = "https://git.example.com/ops/plantstore/blob/main/docs/operations.md"
 # resolved notice: a scrape and an evaluation (1 s each here), the readiness check (5 s),
 # Alertmanager's group wait (1 s), and the endpoint's next try (at most 5 s here).
 SLACK = 30
+# A panel whose series appear only at a first event (a 401, a prune) ends its query with
+# this, so that before it the panel shows 0 rather than no data.
+ZERO = " or on() vector(0)"
 # What Grafana would put for `$__rate_interval` at a 1 s scrape is 4 s; a minute is what
 # an operator's 15 s scrape gives, and every query must have data at that too.
 RATE_INTERVAL = "1m"
@@ -349,6 +354,26 @@ def check_dashboard(prometheus_port, dashboard):
         fail(WHAT, f"panels with a query that returned no data: {sorted(set(missing))}")
 
 
+def check_zero_before_first_event(prometheus_port, dashboard):
+    """Before any request but the probes: each query ending in ZERO answers one 0, and
+    without ZERO it answers nothing (its series do not exist yet), so the 0 is ZERO's."""
+    queries = [(title, expr) for title, expr in panel_queries(prometheus_port, dashboard)
+               if expr.endswith(ZERO)]
+    if not queries:
+        fail(WHAT, f"no query of {DASHBOARD} ends with{ZERO}")
+    print(f"dashboard before the load: {len(queries)} queries that show 0 before a first event")
+    for title, expr in queries:
+        without = expr[:-len(ZERO)]
+        status, result = query(prometheus_port, without)
+        if status != "success" or result:
+            fail(WHAT, f"panel {title!r}: {without} answered {result} before the load, "
+                       "not nothing: the 0 would not be ZERO's")
+        status, result = query(prometheus_port, expr)
+        if status != "success" or [each["value"][1] for each in result] != ["0"]:
+            fail(WHAT, f"panel {title!r}: {expr} answered {result} before the load, not 0")
+        print(f"  ok: {title}: 0: {expr}")
+
+
 def rule_for(prometheus_port, alertname):
     """The `for:` of `alertname` as the running Prometheus loaded it, in seconds."""
     groups = api(prometheus_port, "rules?type=alert").get("data", {}).get("groups", [])
@@ -427,6 +452,7 @@ def main():
         prom, prom_port = prometheus(work, port, am_port)
         processes.append(prom)
 
+        check_zero_before_first_event(prom_port, dashboard)
         load = Load(port, token, 100_000)
         load.thread.start()
         time.sleep(5)  # a few seconds of load before the first query: Prometheus needs samples
