@@ -215,6 +215,17 @@ async fn every_entry_is_in_the_stream_once_in_plant_order(backend: Backend) {
     assert_eq!(restore.subject, "plantstore.plants.7");
     assert_eq!(restore.event_type, "plant.restored");
     assert_eq!(restore.content_type, "application/json");
+    // The fourth header, as docs/deletion-events.md tells consumers: the stream sequence
+    // of the plant's message before it (none before a plant's first: 0).
+    let before_restore = messages
+        .iter()
+        .position(|m| m.msg_id == format!("deletion_{first}"))
+        .expect("plant 7's first delete");
+    assert_eq!(
+        restore.expected_last_subject_sequence,
+        (before_restore + 1).to_string()
+    );
+    assert_eq!(messages[0].expected_last_subject_sequence, "0");
     assert_eq!(restore.body["type"], "plant.restored");
     assert_eq!(restore.body["data"]["restored_by"], "ops");
     assert_eq!(restore.body["data"]["deletion_id"].to_string(), first);
