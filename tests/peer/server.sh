@@ -12,8 +12,9 @@ start_server() {
   local name="$1" url="$2" plants="$3"
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
   base="http://127.0.0.1:$port"
-  token="$("$bin" --database-url "$url" token create --name "$name" | tail -n1)"
+  # `seed` makes the database when there is none; `token create` needs one there.
   "$bin" --database-url "$url" seed --count "$plants" >/dev/null
+  token="$("$bin" --database-url "$url" token create --name "$name" | tail -n1)"
   RUST_LOG=warn "$bin" --database-url "$url" serve --listen "127.0.0.1:$port" \
     >/dev/null 2>"$work/$name.log" &
   server=$!
