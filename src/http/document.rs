@@ -9,10 +9,8 @@ use poem_openapi::{ContactObject, LicenseObject, OpenApiService, ServerObject};
 use serde_json::{Value, json};
 
 use super::{
-    error::ApiError,
-    front_door::{REQUEST_ID_HEADER, RouteFacts},
-    idempotency_key,
-    plants::PlantsApi,
+    error::ApiError, idempotency_key, plants::PlantsApi, request_id::REQUEST_ID_HEADER,
+    routes::RouteFacts,
 };
 
 /// A rendering of the document that failed, so the service cannot serve it.

@@ -1,12 +1,15 @@
 //! The HTTP layer's front door: the route table, every layer a response passes, and the
 //! servers, whose client connections `connection_limits` holds to their limits.
 
+mod cross_origin;
 mod document;
 mod error;
 mod front_door;
 pub mod idempotency_key;
 mod ops;
 mod plants;
+mod request_id;
+mod routes;
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -23,8 +26,9 @@ use crate::{
     connection_limits::CappedAcceptor,
     state::AppState,
 };
+use cross_origin::CrossOrigin;
 use error::ApiError;
-use front_door::{CrossOrigin, LayerContext};
+use front_door::LayerContext;
 
 /// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
 /// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
@@ -78,7 +82,7 @@ pub fn with_layers<E: Endpoint + 'static>(
 fn layered<E: Endpoint + 'static>(
     routes: E,
     state: AppState,
-    route_facts: Arc<front_door::RouteFacts>,
+    route_facts: Arc<routes::RouteFacts>,
     cors: CorsOrigins,
     request_timeout: Duration,
 ) -> impl Endpoint<Output = Response> + use<E> {

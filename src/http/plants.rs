@@ -9,9 +9,8 @@ use poem::{Request, web::Data};
 use poem_openapi::{ApiResponse, OpenApi, SecurityScheme, Tags, auth::Bearer, param::Path};
 
 use super::{
-    error::ApiError,
-    front_door::{RequestDeadline, RequestId},
-    idempotency_key::IdempotencyKey,
+    error::ApiError, front_door::RequestDeadline, idempotency_key::IdempotencyKey,
+    request_id::RequestId,
 };
 use crate::{
     auth::{
