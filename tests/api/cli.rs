@@ -381,13 +381,15 @@ async fn sigterm_lets_the_request_in_flight_finish_then_exits_0() {
             .bearer_auth(&token)
             .send(),
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The delete stays unanswered behind the held write lock.
+    crate::helpers::nothing_happens_within(Duration::from_millis(500)).await;
 
     let killed = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
         .expect("kill");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The stopping service waits for the request still in flight.
+    crate::helpers::nothing_happens_within(Duration::from_millis(500)).await;
     writer.execute("ROLLBACK").await.expect("unlock");
 
     assert!(killed.success());
@@ -447,13 +449,15 @@ async fn sigterm_with_a_shutdown_delay_drains_before_stopping() {
         .expect("kill");
     assert!(sent.success());
     let signalled = std::time::Instant::now();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
-    let ready = client
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .expect("still answering");
+    let ready = crate::helpers::eventually(
+        Duration::from_secs(5),
+        "/readyz answering 503 while draining",
+        || async {
+            let ready = client.get(format!("{base}/readyz")).send().await.ok()?;
+            (ready.status() == StatusCode::SERVICE_UNAVAILABLE).then_some(ready)
+        },
+    )
+    .await;
     assert!(ready.headers().contains_key("retry-after"));
     assert_eq!(ready.headers()["connection"], "close");
     crate::helpers::assert_error(ready, StatusCode::SERVICE_UNAVAILABLE).await;

@@ -63,7 +63,8 @@ async fn connections_past_the_cap_wait_for_a_free_slot() {
     for _ in 0..2 {
         idle.push(TcpStream::connect(host(&app)).await.expect("connect"));
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The two idle connections stay open, holding both slots.
+    crate::helpers::nothing_happens_within(Duration::from_millis(200)).await;
 
     let started = Instant::now();
     let response = app.get("/healthz").await;

@@ -54,7 +54,7 @@ async fn postgres_a_failed_token_reload_also_moves_new_connections() {
     first.cut();
     let cut_at = Instant::now();
     // Past the token cache's longest age (800 ms): the next request waits for a reload.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    crate::helpers::fault_lasts(Duration::from_millis(1200)).await;
     deletes_come_back(&app, "cut", cut_at).await;
 }
 

@@ -60,9 +60,17 @@ pub async fn eventually<T, F: Future<Output = Option<T>>>(
 }
 
 /// The one fixed wait a test may make: the window in which it shows that something does
-/// not happen (no repeat arrives, nothing goes to a disabled endpoint), named as such.
+/// not happen (no repeat arrives, nothing goes to a disabled endpoint, a held request stays
+/// unanswered), named as such.
 pub async fn nothing_happens_within(window: Duration) {
     tokio::time::sleep(window).await;
+}
+
+/// How long a fault the test causes lasts (a server down or read-only, connections
+/// refused, a load running around it): its length, which the service must ride out, not a
+/// wait for a state.
+pub async fn fault_lasts(length: Duration) {
+    tokio::time::sleep(length).await;
 }
 
 /// `$body` with `$pool` bound to the test database's pool, whichever backend holds it: the

@@ -263,7 +263,7 @@ async fn postgres_a_connection_lost_mid_batch_answers_503_and_loses_nothing() {
     let answers = futures::future::join_all(ids.iter().map(|id| app.delete_id(*id)));
     let cut = async {
         app.db.wait_for_blocked_commits(1).await;
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        crate::helpers::fault_lasts(std::time::Duration::from_millis(200)).await;
         proxy.cut();
     };
     let (answers, ()) = tokio::join!(answers, cut);

@@ -35,7 +35,7 @@ async fn postgres_sessions_killed_under_load_lose_nothing() {
             .admin(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false"))
             .await;
         app.db.terminate_service_sessions().await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        crate::helpers::fault_lasts(Duration::from_secs(1)).await;
         app.db
             .admin(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true"))
             .await;
@@ -54,7 +54,7 @@ async fn postgres_restarted_under_load_loses_nothing() {
 
     let answers = under_load(&app, async {
         tokio::task::block_in_place(|| server.stop_immediately());
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        crate::helpers::fault_lasts(Duration::from_secs(1)).await;
         tokio::task::block_in_place(|| server.start_again());
     })
     .await;
@@ -71,7 +71,7 @@ async fn postgres_read_only_under_load_loses_nothing() {
 
     let answers = under_load(&app, async {
         read_only(&app.db, true).await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        crate::helpers::fault_lasts(Duration::from_secs(1)).await;
         read_only(&app.db, false).await;
     })
     .await;
@@ -130,9 +130,9 @@ async fn under_load(app: &TestApp, fault: impl Future<Output = ()>) -> Vec<(i64,
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    crate::helpers::fault_lasts(Duration::from_millis(500)).await;
     fault.await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    crate::helpers::fault_lasts(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
     let mut answers = Vec::new();
     for client in clients {
