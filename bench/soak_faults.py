@@ -21,7 +21,7 @@ in the log was received, and RSS and descriptors are flat after the warm-up by t
 Warm-up: an instance's first WARM_UP_MIN minutes and, when a receiver outage comes after its
 start, until that outage's backlog is delivered (the first minute after it whose delivery
 lag p99 is under a second). The first backlog is the instance's busiest moment, and glibc
-keeps the pages its peak touched (bench/RESULTS.md, "three receiver outages in one run"), so
+keeps the pages its peak touched (bench/JOURNAL.md, "three receiver outages in one run"), so
 RSS steps once there; the second outage then shows whether each backlog adds more. The slope
 is Theil-Sen's (the median of the slopes between every two minutes), so the minutes a backlog
 holds more delivery connections open do not pass for a trend; the least-squares slope is

@@ -2,7 +2,7 @@
 //!
 //! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
 //! route table, the operation, the error map), `health` (readiness, and the gauges read in
-//! the background), `webhooks` (deletion events delivered to endpoints) and `retention`
+//! the background), `delivery` (deletion events delivered to their destinations: webhook endpoints and JetStream streams) and `retention`
 //! (the deletion log kept to its retention); `auth` (who is calling) and `telemetry` (logs,
 //! traces, metrics);
 //! `connection_limits` (client connections below HTTP); `database` (the backend crates
@@ -14,10 +14,10 @@ pub mod cli;
 pub mod config;
 pub mod connection_limits;
 pub mod database;
+pub mod delivery;
 mod health;
 pub mod http;
 mod retention;
 pub mod startup;
 pub mod state;
 pub mod telemetry;
-pub mod webhooks;

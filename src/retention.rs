@@ -16,10 +16,10 @@ const CHORE: &str = "deletion_log_retention";
 const EVERY: Duration = Duration::from_secs(60);
 /// How long a lease lasts unrenewed: past it, after a crash, another instance takes over.
 /// The holder renews it before each batch and each round.
-const LEASE: Duration = Duration::from_secs(180);
+const CHORE_LEASE: Duration = Duration::from_secs(180);
 /// The pause between batches, in which deletes commit. It caps pruning at `PRUNE_BATCH` a
 /// pause, 2,500 entries a second: a shorter one let pruning a backlog on PostgreSQL raise the
-/// p99 of deletes at full load past the guard (bench/RESULTS.md, "retention on PostgreSQL,
+/// p99 of deletes at full load past the guard (bench/JOURNAL.md, "retention on PostgreSQL,
 /// profiled and paced").
 const PAUSE: Duration = Duration::from_millis(200);
 
@@ -47,7 +47,7 @@ where
 }
 
 /// This instance's part in keeping the log to its retention.
-pub(crate) struct Retention {
+pub(crate) struct Pruning {
     pub(crate) store: Arc<dyn Store>,
     /// How long an entry is kept.
     pub(crate) kept: Duration,
@@ -56,7 +56,7 @@ pub(crate) struct Retention {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-impl Retention {
+impl Pruning {
     /// Prunes every `EVERY` while this instance holds the chore's lease, until `stop`; then
     /// gives the lease back, so that the next instance (a restart, a deploy) takes the chore
     /// at its first round rather than when the lease runs out. A batch cut short by `stop`
@@ -80,7 +80,7 @@ impl Retention {
                 // A retention reaching back before any date: nothing is that old.
                 continue;
             };
-            let holds = || self.store.claim_chore(CHORE, &self.owner, LEASE);
+            let holds = || self.store.claim_chore(CHORE, &self.owner, CHORE_LEASE);
             match prune(self.store.as_ref(), before, holds).await {
                 Ok(0) => {}
                 Ok(pruned) => {

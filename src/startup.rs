@@ -9,12 +9,13 @@ use tokio::sync::watch;
 use crate::{
     auth::{jwt::JwtVerifier, tokens},
     config::{Config, ServeConfig},
-    database, health,
+    database,
+    delivery::Deliveries,
+    health,
     http::{self, Documents},
-    retention::Retention,
+    retention::Pruning,
     state::AppState,
     telemetry::Metrics,
-    webhooks::Deliveries,
 };
 
 /// How long stopping waits, once the servers are done, for the background work to save and
@@ -35,7 +36,7 @@ pub struct Application {
     state: AppState,
     initial_token: Option<String>,
     deliveries: Deliveries,
-    retention: Option<Retention>,
+    retention: Option<Pruning>,
 }
 
 impl Application {
@@ -65,7 +66,7 @@ impl Application {
             config.serve.request_timeout,
             config.serve.deletion_retention.0,
         );
-        let retention = config.serve.deletion_retention.0.map(|kept| Retention {
+        let retention = config.serve.deletion_retention.0.map(|kept| Pruning {
             store: Arc::clone(&store),
             kept,
             owner,

@@ -8,7 +8,7 @@ use clap::Subcommand;
 use plantstore_store::{DeletionFilter, DeletionRecord, Store, time::before_now};
 
 use super::output::{out, time};
-use crate::{config::parse_duration, retention, webhooks::EntryJson};
+use crate::{config::parse_duration, delivery::EntryJson, retention};
 
 #[derive(Debug, Subcommand)]
 pub enum DeletionsCommand {

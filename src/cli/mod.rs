@@ -2,6 +2,7 @@
 //! does its work in a file of its own.
 
 mod deletions;
+mod destinations;
 mod output;
 mod serve;
 mod streams;

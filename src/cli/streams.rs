@@ -1,17 +1,21 @@
-//! `plantstore streams add | list | remove | enable | replay`: the NATS JetStream streams
-//! deletion events are published to, managed as `webhooks` manages endpoints.
+//! `plantstore streams add | set-url`, and the commands every kind shares
+//! (`destinations.rs`): the NATS JetStream streams deletion events are published to.
 
 use anyhow::bail;
 use clap::Subcommand;
 use plantstore_store::{
-    EndpointRecord, NewEndpoint, ReplayOutcome, Store, StoreError, StreamTarget,
+    Store, StoreError,
+    destinations::{DestinationKind, NewEndpoint, StreamTarget},
 };
 
 use super::{
-    output::{out, redacted, time},
-    webhooks::{event_kinds, find_destination, names},
+    destinations::{self, Kind, SharedCommand, names},
+    output::{out, redacted},
+    webhooks::event_kinds,
 };
-use crate::webhooks::{TargetUse, check_target, stored_url};
+use crate::delivery::{TargetUse, check_target, stored_url};
+
+const KIND: Kind = Kind::Stream;
 
 #[derive(Debug, Subcommand)]
 pub enum StreamsCommand {
@@ -31,20 +35,6 @@ pub enum StreamsCommand {
         #[arg(long, default_value = "plant.deleted,plant.restored")]
         events: String,
     },
-    /// Show each stream destination: state, the last deletion log id published, pending
-    /// events, the last error and the next attempt (credentials hidden)
-    List {
-        /// One JSON array instead of a table, times in RFC 3339 and null when unset
-        #[arg(long)]
-        json: bool,
-    },
-    /// Stop publishing to a stream and forget it
-    Remove {
-        /// The destination's id (the first column of `streams list`)
-        id: i64,
-    },
-    /// Take a stream destination back: it publishes what it missed, from where it stopped
-    Enable { id: i64 },
     /// Give a stream destination a new server URL or credentials; it goes on from where it
     /// got to, after the messages it published (the stream must exist and capture PREFIX.>)
     SetUrl {
@@ -52,14 +42,8 @@ pub enum StreamsCommand {
         /// The NATS server, as for `add`
         url: String,
     },
-    /// Publish again from a deletion log entry on, into a stream that lost those messages
-    /// (it must hold none under the prefix, as at `add`)
-    Replay {
-        id: i64,
-        /// The deletion log id to start from (the first column of `deletions list`)
-        #[arg(long = "from", value_name = "DELETION_ID")]
-        from: i64,
-    },
+    #[command(flatten)]
+    Shared(SharedCommand),
 }
 
 pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::Result<()> {
@@ -72,22 +56,19 @@ pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::R
         } => {
             check_prefix(&subject_prefix)?;
             let target = StreamTarget {
+                url: stored_url(&url).map_err(anyhow::Error::msg)?,
                 stream,
                 subject_prefix,
             };
-            let url = stored_url(&url).map_err(anyhow::Error::msg)?;
-            if let Err(err) = check_target(&url, &target, TargetUse::Add).await {
+            if let Err(err) = check_target(&target, TargetUse::Add).await {
                 bail!("{err}");
             }
             let destination = NewEndpoint {
-                url,
-                stream: Some(target.clone()),
+                kind: DestinationKind::Stream(target.clone()),
                 events: event_kinds(&events)?,
-                secret: String::new(),
-                http2: false,
             };
             let id = match store.add_endpoint(&destination).await {
-                Err(StoreError::Duplicate) => bail!("{}", duplicate(&destination.url, &target)),
+                Err(StoreError::Duplicate) => bail!("{}", duplicate(&target)),
                 added => added?,
             };
             out!(
@@ -95,77 +76,39 @@ pub(super) async fn run(store: &dyn Store, command: StreamsCommand) -> anyhow::R
                 names(&destination.events).join(",")
             );
         }
-        StreamsCommand::List { json } => {
-            let destinations: Vec<EndpointRecord> = store
-                .list_endpoints()
-                .await?
-                .into_iter()
-                .filter(|destination| destination.stream.is_some())
-                .collect();
-            if json {
-                out!("{}", as_json(&destinations));
-            } else {
-                print_table(&destinations);
-            }
-        }
-        StreamsCommand::Remove { id } => {
-            find_destination(store, id, true).await?;
-            store.remove_endpoint(id).await?;
-            out!("removed stream destination {id}");
-        }
-        StreamsCommand::Enable { id } => {
-            find_destination(store, id, true).await?;
-            store.enable_endpoint(id).await?;
-            out!("enabled stream destination {id}");
-        }
         StreamsCommand::SetUrl { id, url } => {
-            let destination = find_destination(store, id, true).await?;
-            let url = stored_url(&url).map_err(anyhow::Error::msg)?;
-            let Some(target) = &destination.stream else {
+            let DestinationKind::Stream(old) = destinations::find(store, KIND, id).await?.kind
+            else {
                 bail!("no stream destination has id {id}");
             };
-            if let Err(err) = check_target(&url, target, TargetUse::Moved).await {
+            let target = StreamTarget {
+                url: stored_url(&url).map_err(anyhow::Error::msg)?,
+                ..old
+            };
+            if let Err(err) = check_target(&target, TargetUse::Moved).await {
                 bail!("{err}");
             }
-            match store.change_url(id, &url).await {
-                Err(StoreError::Duplicate) => bail!("{}", duplicate(&url, target)),
+            match store.change_url(id, &target.url).await {
+                Err(StoreError::Duplicate) => bail!("{}", duplicate(&target)),
                 changed => changed?,
             }
             out!(
                 "stream destination {id} publishes to {} from now on, from where it got to",
-                redacted(&url)
+                redacted(&target.url)
             );
         }
-        StreamsCommand::Replay { id, from } => {
-            let destination = find_destination(store, id, true).await?;
-            if let Some(target) = &destination.stream
-                && let Err(err) = check_target(&destination.url, target, TargetUse::Replay).await
-            {
-                bail!("{err}");
-            }
-            match store.replay_endpoint(id, from).await? {
-                ReplayOutcome::Done => {
-                    out!(
-                        "stream destination {id} publishes the events from deletion {from} on again"
-                    );
-                }
-                ReplayOutcome::NoEndpoint => bail!("no stream destination has id {id}"),
-                ReplayOutcome::NoEntry => bail!(
-                    "no deletion log entry has id {from} (or, on PostgreSQL, it was logged before deletion events existed)"
-                ),
-            }
-        }
+        StreamsCommand::Shared(command) => destinations::run(store, KIND, command).await?,
     }
     Ok(())
 }
 
 /// Why a destination is refused as a duplicate.
-fn duplicate(url: &str, target: &StreamTarget) -> String {
+fn duplicate(target: &StreamTarget) -> String {
     format!(
         "a destination publishes to the stream {} under {}.> at {} already",
         target.stream,
         target.subject_prefix,
-        redacted(url)
+        redacted(&target.url)
     )
 }
 
@@ -183,56 +126,4 @@ fn check_prefix(prefix: &str) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-fn as_json(destinations: &[EndpointRecord]) -> serde_json::Value {
-    destinations
-        .iter()
-        .map(|d| {
-            let target = d.stream.as_ref();
-            serde_json::json!({
-                "id": d.id,
-                "url": redacted(&d.url),
-                "stream": target.map(|t| &t.stream),
-                "subject_prefix": target.map(|t| &t.subject_prefix),
-                "events": names(&d.events),
-                "state": d.state.as_str(),
-                "delivered_through": d.delivered_through,
-                "pending": d.pending,
-                "last_error": d.last_error,
-                "next_attempt_at": d.next_attempt_at.map(time),
-                "created_at": time(d.created_at),
-            })
-        })
-        .collect()
-}
-
-fn print_table(destinations: &[EndpointRecord]) {
-    out!(
-        "{:<6} {:<9} {:<10} {:<8} {:<20} {:<16} {:<20} {:<32} LAST ERROR",
-        "ID",
-        "STATE",
-        "DELIVERED",
-        "PENDING",
-        "NEXT ATTEMPT",
-        "STREAM",
-        "SUBJECTS",
-        "URL"
-    );
-    for d in destinations {
-        let Some(target) = &d.stream else { continue };
-        out!(
-            "{:<6} {:<9} {:<10} {:<8} {:<20} {:<16} {:<20} {:<32} {}",
-            d.id,
-            d.state.as_str(),
-            d.delivered_through
-                .map_or("-".to_owned(), |id| id.to_string()),
-            d.pending,
-            d.next_attempt_at.map_or("-".to_owned(), time),
-            target.stream,
-            format!("{}.>", target.subject_prefix),
-            redacted(&d.url),
-            d.last_error.as_deref().unwrap_or("-"),
-        );
-    }
 }

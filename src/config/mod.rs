@@ -101,7 +101,7 @@ pub struct ServeConfig {
     pub jwt: JwtConfig,
 
     #[command(flatten)]
-    pub webhooks: WebhookConfig,
+    pub webhooks: DeliveryConfig,
 
     /// Base URL of an OTLP/HTTP collector, such as http://localhost:4318: the request and
     /// store spans go to its /v1/traces (unset or empty: nothing is exported)
@@ -186,7 +186,7 @@ pub struct ConnectionConfig {
 /// add` registers and the streams `plantstore streams add` does.
 #[derive(Debug, Clone, clap::Args)]
 #[command(next_help_heading = "Deletion event delivery options (webhooks and streams)")]
-pub struct WebhookConfig {
+pub struct DeliveryConfig {
     /// One delivery attempt's limit: a 2xx within it delivers the event
     #[arg(long, env = "PLANTSTORE_WEBHOOK_TIMEOUT", default_value = "10s",
           value_parser = parse_duration)]
@@ -274,7 +274,7 @@ impl ServeConfig {
     }
 }
 
-impl WebhookConfig {
+impl DeliveryConfig {
     fn check(&self) -> Result<(), String> {
         if self.webhook_retry_min.is_zero() || self.webhook_retry_min > self.webhook_retry_max {
             return Err(

@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use metrics_exporter_prometheus::{
     BuildError, Matcher, PrometheusBuilder, PrometheusHandle, PrometheusRecorder,
 };
-use plantstore_store::{CommitObserver, EndpointState, LogSize, Store};
+use plantstore_store::{CommitObserver, LogSize, Store, destinations::EndpointState};
 
 const REQUESTS: &str = "plantstore_http_requests_total";
 const LATENCY: &str = "plantstore_http_request_duration_seconds";
@@ -43,12 +43,6 @@ const LOG_OLDEST_AGE: &str = "plantstore_deletion_log_oldest_entry_age_seconds";
 const RETENTION: &str = "plantstore_deletion_retention_seconds";
 const REQUEST_TIMEOUT: &str = "plantstore_request_timeout_seconds";
 const PRUNED: &str = "plantstore_deletion_log_pruned_total";
-const CPU_SECONDS: &str = "process_cpu_seconds_total";
-const RESIDENT_MEMORY: &str = "process_resident_memory_bytes";
-const OPEN_FDS: &str = "process_open_fds";
-const MAX_FDS: &str = "process_max_fds";
-const THREADS: &str = "process_threads";
-const START_TIME: &str = "process_start_time_seconds";
 /// `oldest_entry_ms` when the log is empty, or not read yet.
 const NO_ENTRY: i64 = i64::MIN;
 /// How often histogram samples are folded into their buckets (see `fold_histograms`).
@@ -89,6 +83,9 @@ pub struct Metrics {
     /// When the log's oldest entry was deleted (Unix ms) at the last read of its size, so
     /// that its age is as of each scrape.
     oldest_entry_ms: AtomicI64,
+    /// The process's CPU, memory, file descriptors and threads, as the Prometheus client
+    /// libraries name them.
+    process: metrics_process::Collector,
 }
 
 impl Metrics {
@@ -193,19 +190,12 @@ impl Metrics {
                 PRUNED,
                 "Deletion log entries pruned to the retention by this instance",
             ),
-            (CPU_SECONDS, "User and system CPU time of this process"),
-            (RESIDENT_MEMORY, "Resident memory of this process"),
-            (OPEN_FDS, "Open file descriptors of this process"),
-            (MAX_FDS, "This process's limit on open file descriptors"),
-            (THREADS, "OS threads of this process"),
-            (
-                START_TIME,
-                "When this process started, since the Unix epoch",
-            ),
         ];
         for &(name, help) in described {
             recorder.describe_counter(name.into(), None, help.into());
         }
+        let process = metrics_process::Collector::default();
+        ::metrics::with_local_recorder(&recorder, || process.describe());
         let handle = recorder.handle();
         let deletions = recorder.register_counter(&Key::from_name(DELETIONS), &METADATA);
         Ok(Self {
@@ -213,6 +203,7 @@ impl Metrics {
             handle,
             deletions,
             oldest_entry_ms: AtomicI64::new(NO_ENTRY),
+            process,
         })
     }
 
@@ -320,7 +311,7 @@ impl Metrics {
 
     /// Folds the histogram samples recorded since the last time into their buckets, for
     /// ever. The exporter keeps every sample until then, so without this its memory grows
-    /// with every request between scrapes (bench/RESULTS.md, "Figures moved out of code
+    /// with every request between scrapes (bench/JOURNAL.md, "Figures moved out of code
     /// comments").
     pub async fn fold_histograms(self: Arc<Self>) {
         let mut every = tokio::time::interval(UPKEEP_EVERY);
@@ -343,7 +334,8 @@ impl Metrics {
             self.oldest_entry_ms.load(Ordering::Relaxed),
             Utc::now(),
         ));
-        self.process();
+        // The crate's own collector, writing into this recorder rather than a global one.
+        ::metrics::with_local_recorder(&self.recorder, || self.process.collect());
         let in_use = (stats.pool_size as usize).saturating_sub(stats.pool_idle);
         for (state, count) in [("idle", stats.pool_idle), ("in_use", in_use)] {
             let key = labelled(POOL, "state", state);
@@ -362,31 +354,6 @@ impl Metrics {
             .register_counter(&Key::from_name(TOKEN_RELOADS), &METADATA)
             .absolute(tokens.reloads);
         self.handle.render()
-    }
-
-    /// The process's figures, as the Prometheus client libraries name them; one the system
-    /// does not give is left out.
-    fn process(&self) {
-        let process = metrics_process::collector::collect();
-        if let Some(seconds) = process.cpu_seconds_total {
-            // Whole seconds: a counter here holds an integer, as in metrics-process's own
-            // exporter. Over a rate's minute that is within 2 % of a core.
-            self.recorder
-                .register_counter(&Key::from_name(CPU_SECONDS), &METADATA)
-                .absolute(seconds as u64);
-        }
-        let gauges = [
-            (RESIDENT_MEMORY, process.resident_memory_bytes),
-            (OPEN_FDS, process.open_fds),
-            (MAX_FDS, process.max_fds),
-            (THREADS, process.threads),
-            (START_TIME, process.start_time_seconds),
-        ];
-        for (name, value) in gauges {
-            if let Some(value) = value {
-                self.gauge(name).set(value as f64);
-            }
-        }
     }
 
     fn gauge(&self, name: &'static str) -> ::metrics::Gauge {

@@ -51,7 +51,7 @@ impl Telemetry {
 ///
 /// Lines are written by a thread of their own, buffered while more are waiting and
 /// flushed as soon as none are: under load a request no longer pays a `write` to stderr
-/// for its log line (its share of CPU: bench/RESULTS.md, "Figures moved out of code
+/// for its log line (its share of CPU: bench/JOURNAL.md, "Figures moved out of code
 /// comments"). No line is dropped: when the queue is full, logging waits.
 ///
 /// With `otlp_endpoint`, the service's spans (the request, the handler, the store and its

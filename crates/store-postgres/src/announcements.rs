@@ -2,7 +2,7 @@
 //! deleted, and, while anyone here waits for commit news, a `LISTEN` that bumps that news
 //! when another process's commit is heard. A store's own announcements are not news to it:
 //! its commit already bumped its news, and hearing it again cost one more read of the log
-//! per burst (bench/RESULTS.md, issue 41).
+//! per burst (bench/JOURNAL.md, issue 41).
 
 use std::{
     convert::Infallible,

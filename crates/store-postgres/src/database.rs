@@ -187,7 +187,7 @@ fn classify(err: sqlx::Error) -> StoreError {
 
 /// The batch statement takes arrays, for which the planner never trusts a generic plan,
 /// so by default it is planned anew on every execution, which costs more than the delete
-/// itself (bench/RESULTS.md, "Figures moved out of code comments"). The service's statements
+/// itself (bench/JOURNAL.md, "Figures moved out of code comments"). The service's statements
 /// are point lookups by key, which a generic plan serves as well, and the log's prune, whose
 /// batch size is written into it for that reason (`PRUNE_BATCH`). A server too old to
 /// know the setting (before 12) keeps planning each time; nothing else changes.

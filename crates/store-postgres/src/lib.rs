@@ -1,16 +1,16 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
 //! This file connects and serves `Store`; `deletion_log.rs`, `tokens.rs` and
-//! `webhooks.rs` each implement their trait. Every query goes through `Database`.
+//! `destinations.rs` each implement their trait. Every query goes through `Database`.
 
 mod announcements;
 mod database;
 mod deletion_log;
+mod destinations;
 mod failover;
 mod group_commit;
 mod hosts;
 mod sync_replication;
 mod tokens;
-mod webhooks;
 
 use std::sync::Arc;
 
@@ -59,7 +59,7 @@ impl PostgresStore {
         let db = Database::open(url, &settings).await?;
         // Group commits in flight, each on its own connection. Two let one batch execute
         // while the other waits for its WAL flush; more workers made smaller batches and
-        // cost more CPU per delete in the benchmark (bench/RESULTS.md).
+        // cost more CPU per delete in the benchmark (bench/JOURNAL.md).
         let workers = (settings.max_connections / 4).clamp(1, 2) as usize;
         let lone_retries = (settings.max_connections as usize)
             .saturating_sub(workers)

@@ -1,14 +1,14 @@
 //! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
 //! one write connection and a pool of readers. This file connects, holds the write
-//! connection and serves `Store`; `deletion_log.rs`, `tokens.rs` and `webhooks.rs` each
+//! connection and serves `Store`; `deletion_log.rs`, `tokens.rs` and `destinations.rs` each
 //! implement their trait.
 
 mod deletion_log;
+mod destinations;
 mod errors;
 mod group_commit;
 mod snapshot;
 mod tokens;
-mod webhooks;
 
 use std::{str::FromStr, sync::Arc, time::Duration};
 

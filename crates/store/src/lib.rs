@@ -9,17 +9,14 @@ use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
 pub mod backend;
+pub mod destinations;
 mod error;
 mod log;
 pub mod time;
-mod webhooks;
 
+pub use destinations::Destinations;
 pub use error::StoreError;
 pub use log::{DeletionFilter, DeletionRecord, RestoreError};
-pub use webhooks::{
-    DeliveryReport, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
-    NewEndpoint, ReplayOutcome, Signing, StoredMessage, StreamPosition, StreamTarget, Webhooks,
-};
 
 /// A request to delete one plant, with what its audit row records: who asked, and in
 /// answer to which HTTP request. The store stamps the time when it commits.
@@ -68,13 +65,13 @@ pub struct TokenRecord {
 }
 
 /// One database the service can run on: plants and the schema here, the deletion log,
-/// tokens and webhooks in a trait each, so that a backend implements each where its
+/// tokens and destinations in a trait each, so that a backend implements each where its
 /// queries are.
 ///
 /// Every method is one unit of work on the database; an implementation maps its driver's
 /// errors into [`StoreError`] by kind so callers never see database text.
 #[async_trait]
-pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static {
+pub trait Store: DeletionLog + Tokens + Destinations + Send + Sync + Debug + 'static {
     async fn migrate(&self) -> Result<(), StoreError>;
 
     /// Checks, without changing anything, that the schema the service needs is present
@@ -113,7 +110,7 @@ pub trait Store: DeletionLog + Tokens + Webhooks + Send + Sync + Debug + 'static
 /// The most entries one `prune_deletions` removes: one short statement, so that a delete
 /// waits at most that long behind it. The statements spell it as the literal `LIMIT 500`: as
 /// a parameter, PostgreSQL's generic plan guesses a tenth of the table instead, a cost that
-/// has it JIT-compile every batch (bench/RESULTS.md, "retention on PostgreSQL, profiled and
+/// has it JIT-compile every batch (bench/JOURNAL.md, "retention on PostgreSQL, profiled and
 /// paced").
 pub const PRUNE_BATCH: u64 = 500;
 

@@ -9,8 +9,11 @@ use chrono::{DateTime, Utc};
 pub use commit_news::CommitNews;
 
 use crate::{
-    DeletionRecord, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
-    RestoreError, Signing, StoreError, StoredMessage, StreamPosition, StreamTarget,
+    DeletionRecord, RestoreError, StoreError,
+    destinations::{
+        DestinationKind, EndpointRecord, EndpointState, Event, EventKind, EventKinds, Lease,
+        LogPosition, Signing, StoredMessage, StreamTarget, WebhookTarget,
+    },
 };
 
 /// `StoreError::NotFound` when a statement that names one row by its key changed none.
@@ -96,7 +99,7 @@ impl TryFrom<EventRow> for Event {
 
     fn try_from(row: EventRow) -> Result<Self, StoreError> {
         Ok(Event {
-            position: StreamPosition {
+            position: LogPosition {
                 pos: row.pos,
                 kind: row.kind,
                 seq: row.seq,
@@ -140,18 +143,23 @@ impl TryFrom<LeaseRow> for Lease {
     type Error = StoreError;
 
     fn try_from(row: LeaseRow) -> Result<Self, StoreError> {
+        let secrets = Signing {
+            secret: row.secret,
+            previous_secret: row.previous_secret,
+        };
         Ok(Lease {
             endpoint_id: row.id,
-            stream: stream_target(&row.kind, row.stream, row.subject_prefix)?,
-            url: row.url,
+            kind: destination(
+                &row.kind,
+                row.url,
+                row.http2,
+                secrets,
+                row.stream,
+                row.subject_prefix,
+            )?,
             events: event_kinds(&row.events)?,
-            signing: Signing {
-                secret: row.secret,
-                previous_secret: row.previous_secret,
-            },
-            http2: row.http2,
             generation: row.generation,
-            cursor: StreamPosition {
+            cursor: LogPosition {
                 pos: row.cursor_pos,
                 kind: row.cursor_kind,
                 seq: row.cursor_id,
@@ -185,11 +193,15 @@ impl TryFrom<EndpointRow> for EndpointRecord {
     fn try_from(row: EndpointRow) -> Result<Self, StoreError> {
         Ok(EndpointRecord {
             id: row.id,
-            stream: stream_target(&row.kind, row.stream, row.subject_prefix)?,
-            url: row.url,
+            kind: destination(
+                &row.kind,
+                row.url,
+                row.http2,
+                row.previous_secret_until,
+                row.stream,
+                row.subject_prefix,
+            )?,
             events: event_kinds(&row.events)?,
-            http2: row.http2,
-            previous_secret_until: row.previous_secret_until,
             state: EndpointState::try_from(row.state.as_str())?,
             delivered_through: row.delivered_through,
             pending: row.pending,
@@ -200,16 +212,24 @@ impl TryFrom<EndpointRow> for EndpointRecord {
     }
 }
 
-/// The `kind`, `stream` and `subject_prefix` columns: a webhook endpoint, or a stream
-/// destination with both of the others set.
-fn stream_target(
+/// A destination from its columns: the `kind` says which, a webhook endpoint's `http2` and
+/// secrets, or a stream destination's `stream` and `subject_prefix`, both set.
+fn destination<Secrets>(
     kind: &str,
+    url: String,
+    http2: bool,
+    secrets: Secrets,
     stream: Option<String>,
     subject_prefix: Option<String>,
-) -> Result<Option<StreamTarget>, StoreError> {
+) -> Result<DestinationKind<Secrets>, StoreError> {
     match (kind, stream, subject_prefix) {
-        ("webhook", _, _) => Ok(None),
-        ("nats", Some(stream), Some(subject_prefix)) => Ok(Some(StreamTarget {
+        ("webhook", _, _) => Ok(DestinationKind::Webhook(WebhookTarget {
+            url,
+            http2,
+            secrets,
+        })),
+        ("nats", Some(stream), Some(subject_prefix)) => Ok(DestinationKind::Stream(StreamTarget {
+            url,
             stream,
             subject_prefix,
         })),
@@ -217,9 +237,38 @@ fn stream_target(
     }
 }
 
-/// The `kind` column of a new destination.
-pub fn destination_kind(stream: Option<&StreamTarget>) -> &'static str {
-    if stream.is_some() { "nats" } else { "webhook" }
+/// A new destination's columns: `kind`, `url`, `secret` (empty for a stream), `http2`,
+/// `stream` and `subject_prefix` (none for a webhook endpoint).
+pub struct DestinationColumns<'a> {
+    pub kind: &'static str,
+    pub url: &'a str,
+    pub secret: &'a str,
+    pub http2: bool,
+    pub stream: Option<&'a str>,
+    pub subject_prefix: Option<&'a str>,
+}
+
+impl<'a> From<&'a DestinationKind<String>> for DestinationColumns<'a> {
+    fn from(kind: &'a DestinationKind<String>) -> Self {
+        match kind {
+            DestinationKind::Webhook(webhook) => DestinationColumns {
+                kind: "webhook",
+                url: &webhook.url,
+                secret: &webhook.secrets,
+                http2: webhook.http2,
+                stream: None,
+                subject_prefix: None,
+            },
+            DestinationKind::Stream(target) => DestinationColumns {
+                kind: "nats",
+                url: &target.url,
+                secret: "",
+                http2: false,
+                stream: Some(&target.stream),
+                subject_prefix: Some(&target.subject_prefix),
+            },
+        }
+    }
 }
 
 /// A stored message as both backends return it.
@@ -237,7 +286,7 @@ impl From<StoredMessageRow> for StoredMessage {
         StoredMessage {
             plant_id: row.plant_id,
             stream_seq: row.stream_seq,
-            position: StreamPosition {
+            position: LogPosition {
                 pos: row.pos,
                 kind: row.kind,
                 seq: row.seq,

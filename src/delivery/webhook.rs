@@ -1,18 +1,23 @@
-//! One delivery attempt: the event's body, its signed headers, one POST with the endpoint's
-//! HTTP client, and what came of it.
+//! A webhook endpoint: its URL taken apart once, an HTTP client of its own, the event
+//! signed with the endpoint's secrets as they are when it is sent, one POST, and what the
+//! answer means.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
-use chrono::{DateTime, SecondsFormat, Utc};
-use plantstore_store::{DeletionRecord, Event, EventKind, StoredMessage};
+use chrono::{DateTime, Utc};
+use plantstore_store::destinations::Event;
 use reqwest::{
     Client, StatusCode, Url,
     header::{self, HeaderMap},
 };
-use serde_json::value::RawValue;
+use tokio::sync::watch;
 
-use super::signature::Signer;
-use crate::{config::WebhookConfig, telemetry::one_line};
+use super::{
+    attempt::Attempt,
+    event::{body, event_id},
+    signature::Signer,
+};
+use crate::{config::DeliveryConfig, telemetry::one_line};
 
 /// The most of an answer's body read: enough to keep the connection for the next request
 /// after a receiver's usual short reply, and no more of a long one (its connection is
@@ -22,47 +27,29 @@ const BODY_READ: usize = 64 * 1024;
 /// seconds (Node.js after 5, gunicorn after 2), and a request sent as one closes fails.
 const IDLE: Duration = Duration::from_secs(2);
 
-#[derive(Debug)]
-pub(super) enum Attempt {
-    /// A 2xx within the timeout.
-    Delivered,
-    /// In the stream: the plant's last message there now (this event's, or a later one's
-    /// found recorded).
-    Stored(StoredMessage),
-    /// 410: the receiver wants no more events.
-    Gone,
-    /// Anything else: to be tried again, not sooner than `retry_after` if the receiver said.
-    Failed {
-        error: String,
-        retry_after: Option<Duration>,
-    },
-}
-
-impl Attempt {
-    /// A failure the receiver gave no advice on.
-    pub(super) fn failed(error: impl Into<String>) -> Self {
-        Attempt::Failed {
-            error: error.into(),
-            retry_after: None,
-        }
-    }
-}
-
-/// One endpoint's URL, taken apart once, and an HTTP client of its own whose keep-alive
-/// connections carry its events.
-pub(super) struct EndpointClient {
+/// One endpoint's URL, taken apart once, an HTTP client of its own whose keep-alive
+/// connections carry its events, and its secrets as a signer.
+pub(super) struct WebhookClient {
     client: Client,
     /// As stored, less any fragment. Credentials in it (`https://user:pass@…`) are taken
     /// out of each request by reqwest and sent as HTTP Basic, as browsers and curl do.
     url: Url,
+    /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
+    /// them while delivery runs).
+    signer: watch::Receiver<Arc<Signer>>,
 }
 
-impl EndpointClient {
+impl WebhookClient {
     /// Each attempt, connecting included, gives up after `PLANTSTORE_WEBHOOK_TIMEOUT`.
     /// `http2`: HTTP/2 with prior knowledge (on https, ALPN chooses HTTP/2 where the
     /// receiver offers it). The error says why the stored URL cannot be used (`webhooks
     /// add` lets none such in), without the URL.
-    pub(super) fn new(text: &str, http2: bool, config: &WebhookConfig) -> Result<Self, String> {
+    pub(super) fn new(
+        text: &str,
+        http2: bool,
+        config: &DeliveryConfig,
+        signer: watch::Receiver<Arc<Signer>>,
+    ) -> Result<Self, String> {
         let timeout = config.webhook_timeout;
         let unusable = |what: &str| format!("the endpoint's stored URL cannot be used: {what}");
         let mut url = Url::parse(text).map_err(|err| unusable(&err.to_string()))?;
@@ -84,22 +71,27 @@ impl EndpointClient {
         let client = client
             .build()
             .map_err(|err| format!("cannot make an HTTP client: {}", describe(err)))?;
-        Ok(Self { client, url })
+        Ok(Self {
+            client,
+            url,
+            signer,
+        })
     }
 
-    /// Signs and POSTs `event`. No redirect is followed: a receiver moved is a failure an
+    /// Signs and POSTs `event`, so a retry after a rotation carries the new secret. No redirect is followed: a receiver moved is a failure an
     /// operator should see, not a place to send signed events to unasked. Neither the URL
     /// nor its credentials appear in what comes back.
-    pub(super) async fn post(&self, signer: &Signer, event: &Event) -> Attempt {
+    pub(super) async fn post(&self, event: &Event) -> Attempt {
         // Only in a test build: a fault caused on purpose, to show that a panic in one
         // destination's delivery is caught and shown (tests/api/webhooks/delivery.rs).
         #[cfg(feature = "fault-injection")]
         if self.url.path() == "/panic-on-purpose" {
             panic!("a fault injected on purpose");
         }
-        let id = webhook_id(event);
+        let id = event_id(event);
         let body = body(event);
         let timestamp = Utc::now().timestamp();
+        let signer = Arc::clone(&self.signer.borrow());
         let signature = match signer.header(&id, timestamp, body.as_bytes()) {
             Ok(signature) => signature,
             Err(error) => return Attempt::failed(error),
@@ -167,96 +159,31 @@ fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
 
 const USER_AGENT: &str = concat!("plantstore/", env!("CARGO_PKG_VERSION"));
 
-/// The same on every attempt of an event, as receivers deduplicate by it.
-pub(super) fn webhook_id(event: &Event) -> String {
-    match event.kind {
-        EventKind::PlantDeleted => format!("deletion_{}", event.entry.id),
-        EventKind::PlantRestored => format!("restore_{}", event.entry.id),
-    }
-}
-
-/// A deletion log entry's own fields as JSON, in one order for an event's `data` and for
-/// `plantstore deletions list --json`, each with its id and restore fields around it.
-#[derive(serde::Serialize)]
-pub(crate) struct EntryJson<'a> {
-    plant_id: i64,
-    caller: &'a str,
-    request_id: &'a str,
-    idempotency_key: Option<&'a str>,
-    deleted_at: String,
-    snapshot: Option<Box<RawValue>>,
-}
-
-impl<'a> EntryJson<'a> {
-    pub(crate) fn new(entry: &'a DeletionRecord, time: fn(DateTime<Utc>) -> String) -> Self {
-        Self {
-            plant_id: entry.plant_id,
-            caller: &entry.caller,
-            request_id: &entry.request_id,
-            idempotency_key: entry.idempotency_key.as_deref(),
-            deleted_at: time(entry.deleted_at),
-            snapshot: entry.snapshot_json(),
-        }
-    }
-}
-
-#[derive(serde::Serialize)]
-struct Body<'a> {
-    #[serde(rename = "type")]
-    kind: &'static str,
-    timestamp: String,
-    data: Data<'a>,
-}
-
-#[derive(serde::Serialize)]
-struct Data<'a> {
-    deletion_id: i64,
-    #[serde(flatten)]
-    entry: EntryJson<'a>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    restored_at: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    restored_by: Option<&'a str>,
-}
-
-/// The event as JSON; the same bytes on every attempt.
-pub(super) fn body(event: &Event) -> String {
-    let entry = &event.entry;
-    let restored = event.kind == EventKind::PlantRestored;
-    let body = Body {
-        kind: event.kind.name(),
-        timestamp: time(event.happened_at()),
-        data: Data {
-            deletion_id: entry.id,
-            entry: EntryJson::new(entry, time),
-            restored_at: entry.restored_at.filter(|_| restored).map(time),
-            restored_by: entry.restored_by.as_deref().filter(|_| restored),
-        },
-    };
-    // Only strings, numbers and already-JSON snapshots: serialising cannot fail.
-    serde_json::to_string(&body).unwrap_or_default()
-}
-
-fn time(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
-
 #[cfg(test)]
 mod tests {
     use reqwest::header::HeaderValue;
 
     use super::*;
 
-    fn config() -> WebhookConfig {
+    fn config() -> DeliveryConfig {
         crate::config::Config::defaults().serve.webhooks
+    }
+
+    fn signer() -> watch::Receiver<Arc<Signer>> {
+        let signing = plantstore_store::destinations::Signing {
+            secret: crate::delivery::signature::new_secret(),
+            previous_secret: None,
+        };
+        watch::channel(Arc::new(Signer::new(&signing))).1
     }
 
     #[test]
     fn credentials_leave_the_url_for_a_basic_header() {
-        let target = EndpointClient::new(
+        let target = WebhookClient::new(
             "https://user:p%40ss@hooks.example:8443/in?x=1#frag",
             false,
             &config(),
+            signer(),
         )
         .expect("a usable URL");
         let request = target
@@ -269,7 +196,7 @@ mod tests {
 
     #[test]
     fn an_unusable_url_is_explained_without_the_url() {
-        let err = EndpointClient::new("ftp://secret@example.com/x", false, &config())
+        let err = WebhookClient::new("ftp://secret@example.com/x", false, &config(), signer())
             .err()
             .expect("ftp refused");
         assert!(

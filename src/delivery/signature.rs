@@ -2,7 +2,7 @@
 
 use base64::{Engine, engine::general_purpose::STANDARD};
 use hmac::{Hmac, KeyInit, Mac};
-use plantstore_store::Signing;
+use plantstore_store::destinations::Signing;
 use rand::RngCore;
 use sha2::Sha256;
 

@@ -1,4 +1,4 @@
-//! Deletion events on PostgreSQL: destinations, their leases, and the event stream read in
+//! Deletion events on PostgreSQL: destinations, their leases, and the log's events read in
 //! commit order, `(xid, kind, id)`, up to the oldest transaction of the service's own
 //! sessions still running.
 
@@ -7,23 +7,26 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
-    StoreError, StoredMessage, StreamPosition, Webhooks,
+    Destinations, StoreError,
     backend::{
-        EndpointRow, EventRow, LeaseRow, StoredMessageRow, destination_kind, event_list,
+        DestinationColumns, EndpointRow, EventRow, LeaseRow, StoredMessageRow, event_list,
         not_found_if_none,
+    },
+    destinations::{
+        DeliveryReport, EndpointRecord, Event, EventKind, Lease, LogPosition, NewEndpoint,
+        ReplayOutcome, StoredMessage,
     },
 };
 
 use crate::{PostgresStore, database::APPLICATION_NAME};
 
 #[async_trait]
-impl Webhooks for PostgresStore {
+impl Destinations for PostgresStore {
     #[tracing::instrument(skip_all)]
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
         // The cursor starts before every transaction still running: whatever commits from now
         // on is after it (a few events committed just before may come too).
-        let stream = endpoint.stream.as_ref();
+        let columns = DestinationColumns::from(&endpoint.kind);
         sqlx::query_scalar!(
             "INSERT INTO plantstore_webhook_endpoints
              (url, events, secret, http2, kind, stream, subject_prefix,
@@ -31,13 +34,13 @@ impl Webhooks for PostgresStore {
          VALUES ($1, $2, $3, $4, $5, $6, $7,
                  pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT - 1, 2, 0)
          RETURNING id",
-            endpoint.url,
+            columns.url,
             event_list(&endpoint.events),
-            endpoint.secret,
-            endpoint.http2,
-            destination_kind(stream),
-            stream.map(|target| target.stream.as_str()),
-            stream.map(|target| target.subject_prefix.as_str()),
+            columns.secret,
+            columns.http2,
+            columns.kind,
+            columns.stream,
+            columns.subject_prefix,
         )
         .fetch_one(&mut *self.db.conn().await?)
         .await
@@ -198,11 +201,7 @@ impl Webhooks for PostgresStore {
     }
 
     #[tracing::instrument(level = "debug", skip(self))]
-    async fn read_events(
-        &self,
-        after: StreamPosition,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
+    async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError> {
         // The horizon: the oldest transaction running in this statement's snapshot, leaving
         // out those that pg_stat_activity shows in a session of another application (only
         // the service's sessions write the log, so another application's long transaction,

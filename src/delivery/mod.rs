@@ -5,11 +5,15 @@
 mod attempt;
 mod backoff;
 mod delivery_loop;
+mod destination;
+mod event;
+mod in_flight;
 mod pending;
 pub mod signature;
 mod stream;
+mod webhook;
 
-pub(crate) use attempt::EntryJson;
+pub(crate) use event::EntryJson;
 pub(crate) use stream::{TargetUse, check_target, stored_url};
 
 use std::{
@@ -20,18 +24,22 @@ use std::{
 };
 
 use futures_util::FutureExt;
-use plantstore_store::{DeliveryReport, EndpointState, Lease, Signing, Store};
+use plantstore_store::{
+    Store,
+    destinations::{DeliveryReport, DestinationKind, EndpointState, Lease},
+};
 use tokio::{sync::watch, task::JoinHandle};
 
 use delivery_loop::DeliveryLoop;
+use destination::{Destination, SecretsFeed};
 use signature::Signer;
 
-use crate::{config::WebhookConfig, telemetry::Metrics};
+use crate::{config::DeliveryConfig, telemetry::Metrics};
 
 /// How often the leases are renewed, and new endpoints found.
 const CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// How long a lease lasts unrenewed: past it, after a crash, another instance takes over.
-const LEASE: Duration = Duration::from_secs(10);
+const DESTINATION_LEASE: Duration = Duration::from_secs(10);
 /// How often the pending counts and states are read for `/metrics`.
 const COUNT_EVERY: u32 = 5;
 /// How long stopping waits for the deliveries to save how far they got.
@@ -40,7 +48,7 @@ const SAVE_ON_STOP: Duration = Duration::from_secs(5);
 /// The delivery loops of this instance.
 pub struct Deliveries {
     pub(crate) store: Arc<dyn Store>,
-    pub(crate) config: WebhookConfig,
+    pub(crate) config: DeliveryConfig,
     pub(crate) metrics: Arc<Metrics>,
     /// This instance's name in the leases: its host and address, so that the same instance
     /// started again after a crash takes its leases back at once.
@@ -86,13 +94,17 @@ impl Deliveries {
             if round % COUNT_EVERY == 0 {
                 self.count_pending(&mut counted).await;
             }
-            let leases = match self.store.claim_endpoints(&self.owner, LEASE).await {
+            let leases = match self
+                .store
+                .claim_endpoints(&self.owner, DESTINATION_LEASE)
+                .await
+            {
                 Ok(leases) => leases,
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot renew the webhook leases");
                     // Stop well before the leases run out: past that, another instance
                     // may deliver the same events.
-                    if renewed.elapsed() > LEASE / 2 {
+                    if renewed.elapsed() > DESTINATION_LEASE / 2 {
                         running.clear();
                     }
                     continue;
@@ -101,22 +113,21 @@ impl Deliveries {
             renewed = tokio::time::Instant::now();
             for lease in &leases {
                 if let Some(task) = running.get_mut(&lease.endpoint_id)
-                    && let Some(reason) = task.take_panic()
+                    && let Some(why) = task.take_stop()
                 {
-                    self.record_panic(lease, reason).await;
+                    self.record_stop(lease, why).await;
                 }
             }
             // Stop what is no longer ours, has ended, or is not the row it started with
             // (removed, replayed, enabled again); a new secret is followed where it runs.
-            // One stopped by a panic stays stopped until its row changes: started again
-            // each second, it would fail the same way each second.
+            // One that stopped on a fault (a panic, an unusable URL) stays stopped until its
+            // row changes: started again each second, it would fail the same way each second.
             running.retain(
                 |id, task| match leases.iter().find(|lease| lease.endpoint_id == *id) {
                     Some(lease)
-                        if (task.panicked || !task.task.is_finished())
-                            && task.started_as(lease) =>
+                        if (task.stopped || !task.task.is_finished()) && task.started_as(lease) =>
                     {
-                        task.follow_secret(&lease.signing);
+                        task.follow_secrets(lease);
                         true
                     }
                     _ => false,
@@ -127,52 +138,60 @@ impl Deliveries {
                     continue;
                 }
                 tracing::info!(endpoint = lease.endpoint_id, "delivering deletion events");
-                let (signer, signer_seen) = watch::channel(Arc::new(Signer::new(&lease.signing)));
-                let started = lease.clone();
-                let delivery = DeliveryLoop {
-                    store: Arc::clone(&self.store),
-                    lease,
-                    owner: Arc::clone(&self.owner),
-                    config: self.config.clone(),
-                    signer: signer_seen,
-                    counts: self
-                        .metrics
-                        .webhook_endpoint(&started.endpoint_id.to_string()),
-                    commits: self.store.commits(),
-                    stopping: stopping.clone(),
+                let endpoint = lease.endpoint_id;
+                let mut secrets = None;
+                let task = match Destination::new(&lease, &self.config, &self.store) {
+                    Ok((destination, feed)) => {
+                        secrets = feed;
+                        let delivery = DeliveryLoop {
+                            store: Arc::clone(&self.store),
+                            lease: lease.clone(),
+                            owner: Arc::clone(&self.owner),
+                            config: self.config.clone(),
+                            destination: Arc::new(destination),
+                            counts: self.metrics.webhook_endpoint(&endpoint.to_string()),
+                            commits: self.store.commits(),
+                            stopping: stopping.clone(),
+                        };
+                        tokio::spawn(async move {
+                            let panic = AssertUnwindSafe(delivery.run())
+                                .catch_unwind()
+                                .await
+                                .err()?;
+                            let reason = panic_message(panic.as_ref());
+                            tracing::error!(endpoint, %reason, "delivery to this destination stopped on an internal error; `enable` starts it again");
+                            Some(format!(
+                                "stopped on an internal error ({reason}); `enable` starts it again"
+                            ))
+                        })
+                    }
+                    Err(error) => {
+                        tracing::warn!(endpoint, %error, "delivery to this destination cannot start");
+                        tokio::spawn(async move {
+                            Some(format!("stopped: {error}; `set-url` gives it a usable one"))
+                        })
+                    }
                 };
-                let endpoint = started.endpoint_id;
-                let task = tokio::spawn(async move {
-                    let panic = AssertUnwindSafe(delivery.run())
-                        .catch_unwind()
-                        .await
-                        .err()?;
-                    let reason = panic_message(panic.as_ref());
-                    tracing::error!(endpoint, %reason, "delivery to this destination stopped on an internal error; `enable` starts it again");
-                    Some(reason)
-                });
                 running.insert(
                     endpoint,
                     Running {
                         task,
-                        started,
-                        signer,
-                        panicked: false,
+                        started: lease,
+                        secrets,
+                        stopped: false,
                     },
                 );
             }
         }
     }
 
-    /// Shows a delivery stopped by a panic as failing, with why, where it is now.
-    async fn record_panic(&self, lease: &Lease, reason: String) {
+    /// Shows a delivery stopped on a fault as failing, with why, where it is now.
+    async fn record_stop(&self, lease: &Lease, why: String) {
         let report = DeliveryReport {
             cursor: lease.cursor,
             delivered_through: None,
             state: EndpointState::Failing,
-            last_error: Some(format!(
-                "stopped on an internal error ({reason}); `enable` starts it again"
-            )),
+            last_error: Some(why),
             next_attempt_at: None,
             stored: Vec::new(),
         };
@@ -209,47 +228,49 @@ impl Deliveries {
     }
 }
 
-/// One endpoint's delivery task, the lease it started with (its secrets kept as they are
-/// now), and the signer made from them; dropping it stops the task, and cancels its
-/// requests.
+/// One destination's delivery task, the lease it started with (a webhook endpoint's
+/// secrets kept as they are now), and where its secrets are fed; dropping it stops the
+/// task, and cancels its requests.
 struct Running {
-    /// Ends with the panic's message if the delivery panicked.
+    /// Ends with why, when it stopped on a fault (a panic, an unusable URL).
     task: JoinHandle<Option<String>>,
     started: Lease,
-    signer: watch::Sender<Arc<Signer>>,
-    /// The task ended in a panic, already recorded.
-    panicked: bool,
+    secrets: Option<SecretsFeed>,
+    /// The task stopped on a fault, already recorded.
+    stopped: bool,
 }
 
 impl Running {
-    /// The message of the panic the task ended in, the first time it is asked after.
-    fn take_panic(&mut self) -> Option<String> {
-        if self.panicked || !self.task.is_finished() {
+    /// Why the task stopped on a fault, the first time it is asked after.
+    fn take_stop(&mut self) -> Option<String> {
+        if self.stopped || !self.task.is_finished() {
             return None;
         }
-        let reason = (&mut self.task).now_or_never()?.ok().flatten()?;
-        self.panicked = true;
-        Some(reason)
+        let why = (&mut self.task).now_or_never()?.ok().flatten()?;
+        self.stopped = true;
+        Some(why)
     }
 
     /// Whether `lease` is the row the task started with: the same endpoint (ids are never
-    /// reused), URL, event types and generation.
+    /// reused), target, event types and generation; a webhook endpoint's secrets aside.
     fn started_as(&self, lease: &Lease) -> bool {
         let started = &self.started;
-        started.url == lease.url
-            && started.stream == lease.stream
+        started.kind.same_target(&lease.kind)
             && started.events == lease.events
-            && started.http2 == lease.http2
             && started.generation == lease.generation
     }
 
-    /// Hands a new secret to the running task, rather than starting it over, which would
-    /// repeat what it sent since it last saved. The signer is made once per secret, not
-    /// once per event.
-    fn follow_secret(&mut self, signing: &Signing) {
-        if self.started.signing != *signing {
-            self.started.signing = signing.clone();
-            self.signer.send_replace(Arc::new(Signer::new(signing)));
+    /// Hands a webhook endpoint's new secrets to the running task, rather than starting it
+    /// over, which would repeat what it sent since it last saved. The signer is made once
+    /// per secret, not once per event.
+    fn follow_secrets(&mut self, lease: &Lease) {
+        if let (DestinationKind::Webhook(started), DestinationKind::Webhook(now)) =
+            (&mut self.started.kind, &lease.kind)
+            && started.secrets != now.secrets
+            && let Some(feed) = &self.secrets
+        {
+            started.secrets = now.secrets.clone();
+            feed.send_replace(Arc::new(Signer::new(&now.secrets)));
         }
     }
 }

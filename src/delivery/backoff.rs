@@ -5,14 +5,14 @@ use std::time::Duration;
 
 use rand::Rng;
 
-use crate::config::WebhookConfig;
+use crate::config::DeliveryConfig;
 
 /// The wait after `failures` failed attempts (1 after the first): a random time between
 /// `min` and `min · 2^(failures-1)`, capped at `max` (`PLANTSTORE_WEBHOOK_RETRY_MIN` and
 /// `_MAX`). Full jitter spreads the retries of many events over the window instead of
 /// sending them together; `retry_after` raises the wait, up to `max`.
 pub(super) fn retry_wait(
-    config: &WebhookConfig,
+    config: &DeliveryConfig,
     failures: u32,
     retry_after: Option<Duration>,
 ) -> Duration {
@@ -27,7 +27,7 @@ pub(super) fn retry_wait(
 mod tests {
     use super::*;
 
-    fn config() -> WebhookConfig {
+    fn config() -> DeliveryConfig {
         let mut config = crate::config::Config::defaults().serve.webhooks;
         config.webhook_retry_min = Duration::from_secs(1);
         config.webhook_retry_max = Duration::from_secs(60);

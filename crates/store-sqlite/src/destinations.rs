@@ -1,5 +1,6 @@
-//! Deletion events on SQLite: destinations, their leases, and the event stream. One writer
-//! commits at a time and ids are given inside its write, so a delete's place in the stream
+//! Deletion events on SQLite: destinations, their leases, and the log's events in order.
+//! One writer commits at a time and ids are given inside its write, so a delete's place in
+//! the log's order
 //! is its id and a restore's the highest id when it committed, then its restored_seq.
 
 use std::time::Duration;
@@ -7,11 +8,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plantstore_store::{
-    DeliveryReport, EndpointRecord, Event, EventKind, Lease, NewEndpoint, ReplayOutcome,
-    StoreError, StoredMessage, StreamPosition, Webhooks,
+    Destinations, StoreError,
     backend::{
-        EndpointRow, EventRow, LeaseRow, StoredMessageRow, destination_kind, event_list,
+        DestinationColumns, EndpointRow, EventRow, LeaseRow, StoredMessageRow, event_list,
         not_found_if_none,
+    },
+    destinations::{
+        DeliveryReport, EndpointRecord, Event, EventKind, Lease, LogPosition, NewEndpoint,
+        ReplayOutcome, StoredMessage,
     },
     time::{LAST_STORABLE_TIME, storable_after},
 };
@@ -19,13 +23,10 @@ use plantstore_store::{
 use crate::{SqliteStore, errors::classify};
 
 #[async_trait]
-impl Webhooks for SqliteStore {
+impl Destinations for SqliteStore {
     #[tracing::instrument(skip_all)]
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError> {
-        let stream = endpoint.stream.as_ref();
-        let kind = destination_kind(stream);
-        let stream_name = stream.map(|target| &target.stream);
-        let subject_prefix = stream.map(|target| &target.subject_prefix);
+        let columns = DestinationColumns::from(&endpoint.kind);
         sqlx::query_scalar!(
             r#"INSERT INTO plantstore_webhook_endpoints
                (url, events, secret, http2, kind, stream, subject_prefix,
@@ -33,13 +34,13 @@ impl Webhooks for SqliteStore {
            VALUES (?, ?, ?, ?, ?, ?, ?,
                    (SELECT COALESCE(MAX(id), 0) FROM plantstore_deletions), 2, 0, ?)
            RETURNING id AS "id!: i64""#,
-            endpoint.url,
+            columns.url,
             event_list(&endpoint.events),
-            endpoint.secret,
-            endpoint.http2,
-            kind,
-            stream_name,
-            subject_prefix,
+            columns.secret,
+            columns.http2,
+            columns.kind,
+            columns.stream,
+            columns.subject_prefix,
             Utc::now()
         )
         .fetch_one(self.write_connection.lock().await?.conn()?)
@@ -207,11 +208,7 @@ impl Webhooks for SqliteStore {
     /// Each kind is read in its own index's order and cut at the limit, so a read costs
     /// what it returns, not the whole backlog.
     #[tracing::instrument(level = "debug", skip(self))]
-    async fn read_events(
-        &self,
-        after: StreamPosition,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError> {
+    async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError> {
         let (deletes_pos, deletes_id) = after.after_for(EventKind::PlantDeleted);
         let (restores_pos, restores_id) = after.after_for(EventKind::PlantRestored);
         let rows = sqlx::query_as!(

@@ -7,7 +7,7 @@ use std::{
     time::Duration,
 };
 
-use plantstore_store::{Event, StreamPosition};
+use plantstore_store::destinations::{Event, LogPosition};
 
 /// Events read ahead of the cursor at most.
 pub(super) const WINDOW: usize = 2048;
@@ -34,9 +34,9 @@ impl EventToSend {
     }
 }
 
-/// One event read, in stream order.
+/// One event read, in log order.
 struct Slot {
-    position: StreamPosition,
+    position: LogPosition,
     /// Its deletion log entry.
     entry: i64,
     /// Delivered, or not for this endpoint.
@@ -46,7 +46,7 @@ struct Slot {
 pub(super) struct PendingEvents {
     window: VecDeque<Slot>,
     /// Where the next read starts.
-    read_to: StreamPosition,
+    read_to: LogPosition,
     /// Plants with an event in flight or waiting to be retried, and the events of theirs
     /// that wait behind it.
     busy: HashSet<i64>,
@@ -55,7 +55,7 @@ pub(super) struct PendingEvents {
 }
 
 impl PendingEvents {
-    pub(super) fn new(cursor: StreamPosition) -> Self {
+    pub(super) fn new(cursor: LogPosition) -> Self {
         Self {
             window: VecDeque::new(),
             read_to: cursor,
@@ -70,11 +70,11 @@ impl PendingEvents {
         WINDOW - self.window.len()
     }
 
-    pub(super) fn read_to(&self) -> StreamPosition {
+    pub(super) fn read_to(&self) -> LogPosition {
         self.read_to
     }
 
-    /// Takes events just read, in stream order; those the endpoint does not want are done
+    /// Takes events just read, in log order; those the endpoint does not want are done
     /// with at once.
     pub(super) fn add(&mut self, events: Vec<Event>, wanted: impl Fn(&Event) -> bool) {
         for event in events {
@@ -132,7 +132,7 @@ impl PendingEvents {
 
     /// Drops the events done with at the front; the last one's place and entry, if any:
     /// how far the cursor may move.
-    pub(super) fn take_done(&mut self) -> Option<(StreamPosition, i64)> {
+    pub(super) fn take_done(&mut self) -> Option<(LogPosition, i64)> {
         let mut last = None;
         while let Some(slot) = self.window.front().filter(|slot| slot.done) {
             last = Some((slot.position, slot.entry));
@@ -145,14 +145,14 @@ impl PendingEvents {
 #[cfg(test)]
 mod tests {
     use chrono::Utc;
-    use plantstore_store::{DeletionRecord, EventKind};
+    use plantstore_store::{DeletionRecord, destinations::EventKind};
 
     use super::*;
 
-    /// The delete logged as entry `id`, of `plant`, at stream place `id`.
+    /// The delete logged as entry `id`, of `plant`, at log position `id`.
     fn deleted(id: i64, plant: i64) -> Event {
         Event {
-            position: StreamPosition {
+            position: LogPosition {
                 pos: id,
                 kind: 0,
                 seq: id,

@@ -5,26 +5,27 @@
 use std::{sync::Arc, time::Duration};
 
 use chrono::{DateTime, Utc};
-use futures_util::{FutureExt, StreamExt, future::BoxFuture, stream::FuturesUnordered};
 use plantstore_store::{
-    CommitNewsReceiver, DeliveryReport, EndpointState, Lease, Store, StoredMessage, StreamPosition,
+    CommitNewsReceiver, Store,
+    destinations::{DeliveryReport, EndpointState, Lease, LogPosition, StoredMessage},
 };
 use tokio::{
-    sync::{Notify, watch},
+    sync::watch,
     time::{Instant, MissedTickBehavior, sleep_until},
 };
 
 use super::{
-    attempt::{Attempt, EndpointClient, webhook_id},
+    attempt::Attempt,
     backoff::retry_wait,
-    pending::{EventToSend, PendingEvents, WINDOW},
-    signature::Signer,
-    stream::{StreamPublisher, StreamSubjects},
+    destination::Destination,
+    event::event_id,
+    in_flight::{AttemptOutcome, Attempts, Woken},
+    pending::{PendingEvents, WINDOW},
 };
-use crate::{config::WebhookConfig, telemetry::EndpointMetrics};
+use crate::{config::DeliveryConfig, telemetry::EndpointMetrics};
 
 /// Requests in flight to one endpoint at most, each for another plant: over HTTP/1.1 each
-/// holds a connection of its own (requests are never pipelined), over HTTP/2 a stream.
+/// holds a connection of its own (requests are never pipelined); over HTTP/2 they share one.
 /// Enough to cover the round trip to a receiver on the same machine under load, few
 /// enough not to swamp one that serves a request at a time per connection.
 const IN_FLIGHT: usize = 64;
@@ -60,9 +61,9 @@ pub(super) enum DeliveryEnd {
 
 /// How far delivery got, how much of that is saved, and whether its last attempt failed.
 struct Progress {
-    cursor: StreamPosition,
+    cursor: LogPosition,
     delivered_through: Option<i64>,
-    saved: StreamPosition,
+    saved: LogPosition,
     last_save: Instant,
     failing: Option<Failing>,
 }
@@ -76,7 +77,7 @@ struct Failing {
 }
 
 impl Progress {
-    fn new(cursor: StreamPosition) -> Self {
+    fn new(cursor: LogPosition) -> Self {
         Self {
             cursor,
             delivered_through: None,
@@ -86,7 +87,7 @@ impl Progress {
         }
     }
 
-    /// Moves the cursor over the events delivered in stream order.
+    /// Moves the cursor over the events delivered in log order.
     fn advance(&mut self, pending: &mut PendingEvents) {
         if let Some((position, entry)) = pending.take_done() {
             self.cursor = position;
@@ -94,9 +95,8 @@ impl Progress {
         }
     }
 
-    fn save_due(&self, subjects: &StreamSubjects) -> bool {
-        (self.cursor != self.saved || subjects.has_unsaved())
-            && self.last_save.elapsed() >= SAVE_EVERY
+    fn save_due(&self, unsaved: bool) -> bool {
+        (self.cursor != self.saved || unsaved) && self.last_save.elapsed() >= SAVE_EVERY
     }
 
     fn report(&self, stored: Vec<StoredMessage>) -> DeliveryReport {
@@ -115,60 +115,12 @@ impl Progress {
     }
 }
 
-/// Where an endpoint's events go, made once per lease.
-enum Destination {
-    Webhook(EndpointClient),
-    Stream(Box<StreamPublisher>),
-}
-
-impl Destination {
-    fn new(lease: &Lease, config: &WebhookConfig, store: &Arc<dyn Store>) -> Result<Self, String> {
-        match &lease.stream {
-            None => EndpointClient::new(&lease.url, lease.http2, config).map(Destination::Webhook),
-            Some(target) => {
-                StreamPublisher::new(lease, target.clone(), config.webhook_timeout, store)
-                    .map(|publisher| Destination::Stream(Box::new(publisher)))
-            }
-        }
-    }
-}
-
-struct AttemptOutcome {
-    sent: EventToSend,
-    attempt: Attempt,
-    /// From the event's commit to this attempt's end.
-    lag: Duration,
-    /// Sent before its wait was over, and why.
-    woken: Woken,
-}
-
-/// What sends waiting events before their time: the destination came back (every one
-/// that may be woken goes), or the catch-up probe (one goes).
-#[derive(Default)]
-struct Wake {
-    recovered: Notify,
-    probe: Notify,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Woken {
-    No,
-    Probe,
-    Recovery,
-}
-
-/// Attempts in flight, or waiting to be retried; `None` back from one that was still
-/// waiting when this instance began to stop, and so was never sent.
-type InFlight = FuturesUnordered<BoxFuture<'static, Option<AttemptOutcome>>>;
-
 pub(super) struct DeliveryLoop {
     pub(super) store: Arc<dyn Store>,
     pub(super) lease: Lease,
     pub(super) owner: Arc<str>,
-    pub(super) config: WebhookConfig,
-    /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
-    /// them).
-    pub(super) signer: watch::Receiver<Arc<Signer>>,
+    pub(super) config: DeliveryConfig,
+    pub(super) destination: Arc<Destination>,
     pub(super) counts: EndpointMetrics,
     pub(super) commits: CommitNewsReceiver,
     /// Turns true when this instance stops.
@@ -178,7 +130,7 @@ pub(super) struct DeliveryLoop {
 impl DeliveryLoop {
     /// Delivers until the lease is lost, the endpoint disabled or the instance stopping,
     /// and logs which.
-    #[tracing::instrument(name = "webhook_endpoint", skip_all, fields(endpoint = self.lease.endpoint_id))]
+    #[tracing::instrument(name = "destination", skip_all, fields(endpoint = self.lease.endpoint_id))]
     pub(super) async fn run(self) {
         match self.deliver().await {
             // The 410 itself was logged where it was answered.
@@ -191,12 +143,9 @@ impl DeliveryLoop {
     }
 
     async fn deliver(mut self) -> DeliveryEnd {
-        let client = Arc::new(Destination::new(&self.lease, &self.config, &self.store));
-        let mut subjects = StreamSubjects::default();
         let mut pending = PendingEvents::new(self.lease.cursor);
         let mut progress = Progress::new(self.lease.cursor);
-        let mut in_flight = InFlight::new();
-        let wake = Arc::new(Wake::default());
+        let mut in_flight = Attempts::new(Arc::clone(&self.destination), self.stopping.clone());
         let mut probe_at = None;
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -217,7 +166,7 @@ impl DeliveryLoop {
                 };
                 let Some(more) = read else {
                     return self
-                        .finish(&mut in_flight, &mut pending, &mut progress, &mut subjects)
+                        .finish(&mut in_flight, &mut pending, &mut progress)
                         .await;
                 };
                 log_may_hold_more = more;
@@ -226,22 +175,11 @@ impl DeliveryLoop {
             while in_flight.len() < IN_FLIGHT
                 && let Some(to_send) = pending.next_to_send()
             {
-                let last = subjects.last(to_send.event.entry.plant_id);
-                in_flight.push(
-                    attempt(
-                        Arc::clone(&client),
-                        self.signer.clone(),
-                        to_send,
-                        last,
-                        Arc::clone(&wake),
-                        self.stopping.clone(),
-                    )
-                    .boxed(),
-                );
+                in_flight.start(to_send);
             }
             progress.advance(&mut pending);
-            if progress.save_due(&subjects)
-                && let Some(end) = self.save(&mut progress, &mut subjects).await
+            if progress.save_due(self.destination.has_unsaved())
+                && let Some(end) = self.save(&mut progress).await
             {
                 return end;
             }
@@ -258,12 +196,12 @@ impl DeliveryLoop {
                 }
                 () = sleep_until(probe_at.unwrap_or_else(Instant::now)), if probe_at.is_some() => {
                     probe_at = None;
-                    wake.probe.notify_one();
+                    in_flight.probe();
                     continue;
                 }
                 () = stop_requested(&mut self.stopping) => {
                     return self
-                        .finish(&mut in_flight, &mut pending, &mut progress, &mut subjects)
+                        .finish(&mut in_flight, &mut pending, &mut progress)
                         .await;
                 }
             };
@@ -272,19 +210,16 @@ impl DeliveryLoop {
             while let Some(outcome) = next {
                 if let Some(outcome) = outcome {
                     let was_failing = progress.failing.is_some();
-                    if let Some(end) = self
-                        .settle(outcome, &mut pending, &mut progress, &mut subjects)
-                        .await
-                    {
+                    if let Some(end) = self.settle(outcome, &mut pending, &mut progress).await {
                         return end;
                     }
                     // The destination is back: what waits on it goes now.
                     if was_failing && progress.failing.is_none() {
-                        wake.recovered.notify_waiters();
+                        in_flight.destination_back();
                     }
                     probe_at = progress.failing.as_ref().map(|failing| failing.probe_at);
                 }
-                next = in_flight.next().now_or_never().flatten();
+                next = in_flight.next_ended();
             }
         }
     }
@@ -295,26 +230,23 @@ impl DeliveryLoop {
     /// retry still waiting, goes again from there, as around a crash.
     async fn finish(
         &self,
-        in_flight: &mut InFlight,
+        in_flight: &mut Attempts,
         pending: &mut PendingEvents,
         progress: &mut Progress,
-        subjects: &mut StreamSubjects,
     ) -> DeliveryEnd {
         let until = Instant::now() + ANSWERS_ON_STOP;
         while let Ok(Some(outcome)) = tokio::time::timeout_at(until, in_flight.next()).await {
             if let Some(outcome) = outcome
-                && let Some(end) = self.settle(outcome, pending, progress, subjects).await
+                && let Some(end) = self.settle(outcome, pending, progress).await
             {
                 return end;
             }
         }
         progress.advance(pending);
-        if progress.cursor == progress.saved && !subjects.has_unsaved() {
+        if progress.cursor == progress.saved && !self.destination.has_unsaved() {
             return DeliveryEnd::Halted;
         }
-        self.save(progress, subjects)
-            .await
-            .unwrap_or(DeliveryEnd::Halted)
+        self.save(progress).await.unwrap_or(DeliveryEnd::Halted)
     }
 
     /// Reads what fits after what was read; whether the log may hold more.
@@ -335,12 +267,8 @@ impl DeliveryLoop {
     }
 
     /// Saves the progress; `Some` when delivery must stop, the lease being lost.
-    async fn save(
-        &self,
-        progress: &mut Progress,
-        subjects: &mut StreamSubjects,
-    ) -> Option<DeliveryEnd> {
-        let report = progress.report(subjects.unsaved());
+    async fn save(&self, progress: &mut Progress) -> Option<DeliveryEnd> {
+        let report = progress.report(self.destination.unsaved());
         match self
             .store
             .report_delivery(&self.lease, &self.owner, &report)
@@ -349,12 +277,12 @@ impl DeliveryLoop {
             Ok(true) => {
                 progress.saved = report.cursor;
                 progress.last_save = Instant::now();
-                subjects.saved(&report.stored);
+                self.destination.saved(&report.stored);
                 None
             }
             Ok(false) => Some(DeliveryEnd::LeaseLost),
             Err(err) => {
-                tracing::warn!(error = %err, "cannot save the webhook delivery's progress");
+                tracing::warn!(error = %err, "cannot save the delivery's progress");
                 // Tried again after `SAVE_EVERY`, not at once.
                 progress.last_save = Instant::now();
                 None
@@ -368,7 +296,6 @@ impl DeliveryLoop {
         outcome: AttemptOutcome,
         pending: &mut PendingEvents,
         progress: &mut Progress,
-        subjects: &mut StreamSubjects,
     ) -> Option<DeliveryEnd> {
         let AttemptOutcome {
             sent,
@@ -377,11 +304,8 @@ impl DeliveryLoop {
             woken,
         } = outcome;
         let event = sent.event;
-        if let Attempt::Stored(message) = attempt {
-            subjects.stored(message);
-        }
         match attempt {
-            Attempt::Delivered | Attempt::Stored(_) => {
+            Attempt::Delivered => {
                 self.counts.delivered(lag);
                 pending.delivered(&event);
                 progress.failing = None;
@@ -389,12 +313,12 @@ impl DeliveryLoop {
             }
             Attempt::Gone => {
                 self.counts.gone();
-                tracing::warn!(webhook_id = %webhook_id(&event), "the receiver answered 410 Gone: endpoint disabled");
+                tracing::warn!(event_id = %event_id(&event), "the receiver answered 410 Gone: endpoint disabled");
                 let report = DeliveryReport {
                     state: EndpointState::Disabled,
                     last_error: Some("the receiver answered 410 Gone".into()),
                     next_attempt_at: None,
-                    ..progress.report(subjects.unsaved())
+                    ..progress.report(self.destination.unsaved())
                 };
                 if let Err(err) = self
                     .store
@@ -409,7 +333,7 @@ impl DeliveryLoop {
                 self.counts.failed();
                 let failures = sent.failures + 1;
                 let wait = retry_wait(&self.config, failures, retry_after);
-                tracing::info!(webhook_id = %webhook_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "webhook delivery failed");
+                tracing::info!(event_id = %event_id(&event), %error, failures, retry_in_ms = wait.as_millis() as u64, "delivery failed");
                 let max = self.config.webhook_retry_max;
                 let probe = CATCH_UP_PROBE
                     .min(max)
@@ -424,58 +348,10 @@ impl DeliveryLoop {
                 // One sent at another's success that failed again is not sent at the next
                 // one's: an event its receiver keeps refusing would go at every success.
                 pending.retry(event, failures, wait, woken != Woken::Recovery);
-                self.save(progress, subjects).await
+                self.save(progress).await
             }
         }
     }
-}
-
-/// Sends one event, after its wait; a retry still waiting when this instance begins to
-/// stop is left for the next start. Signed with the endpoint's secrets as they are when it
-/// is sent, so a retry after a rotation carries the new one.
-async fn attempt(
-    destination: Arc<Result<Destination, String>>,
-    signer: watch::Receiver<Arc<Signer>>,
-    to_send: EventToSend,
-    last: Option<StoredMessage>,
-    wake: Arc<Wake>,
-    stopping: watch::Receiver<bool>,
-) -> Option<AttemptOutcome> {
-    let mut woken = Woken::No;
-    if !to_send.wait.is_zero() {
-        let recovered = async {
-            if to_send.may_wake {
-                wake.recovered.notified().await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        woken = tokio::select! {
-            () = tokio::time::sleep(to_send.wait) => Woken::No,
-            () = wake.probe.notified() => Woken::Probe,
-            () = recovered => Woken::Recovery,
-        };
-        if *stopping.borrow() {
-            return None;
-        }
-    }
-    let attempt = match destination.as_ref() {
-        Ok(Destination::Webhook(client)) => {
-            let signer = Arc::clone(&signer.borrow());
-            client.post(&signer, &to_send.event).await
-        }
-        Ok(Destination::Stream(publisher)) => publisher.publish(&to_send.event, last).await,
-        Err(error) => Attempt::failed(error.clone()),
-    };
-    let lag = (Utc::now() - to_send.event.happened_at())
-        .to_std()
-        .unwrap_or_default();
-    Some(AttemptOutcome {
-        sent: to_send,
-        attempt,
-        lag,
-        woken,
-    })
 }
 
 /// Resolves when this instance stops, or can no longer be told to (the sender is gone).

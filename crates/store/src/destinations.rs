@@ -1,5 +1,5 @@
 //! Deletion events as storage sees them: destinations (webhook endpoints and JetStream
-//! streams), the event stream read from the deletion log, and the lease that lets one
+//! streams), the deletion log's events in order, and the lease that lets one
 //! instance at a time deliver to a destination.
 
 use std::{collections::BTreeSet, time::Duration};
@@ -9,23 +9,23 @@ use chrono::{DateTime, Utc};
 
 use crate::{DeletionRecord, StoreError};
 
-/// A place in the event stream. Events are ordered by `(pos, kind, seq)`: `pos` is the
-/// backend's commit-ordered position, `kind` an `EventKind`'s `stream_order` (as the
+/// A place in the log's order of events. Events are ordered by `(pos, kind, seq)`: `pos` is the
+/// backend's commit-ordered position, `kind` an `EventKind`'s `log_order` (as the
 /// cursor is stored), `seq` the order among events of one position and kind (the deletion
 /// log entry, or on SQLite a restore's own sequence number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct StreamPosition {
+pub struct LogPosition {
     pub pos: i64,
     pub kind: i64,
     pub seq: i64,
 }
 
-impl StreamPosition {
+impl LogPosition {
     /// The `(pos, seq)` that the events of `kind` must be above to come after this
     /// position: so each kind is read from its own index, in its own order, and only as
     /// far as needed.
     pub fn after_for(self, kind: EventKind) -> (i64, i64) {
-        match kind.stream_order().cmp(&self.kind) {
+        match kind.log_order().cmp(&self.kind) {
             std::cmp::Ordering::Greater => (self.pos, i64::MIN),
             std::cmp::Ordering::Equal => (self.pos, self.seq),
             std::cmp::Ordering::Less => (self.pos, i64::MAX),
@@ -56,8 +56,8 @@ impl EventKind {
         Self::ALL.into_iter().find(|kind| kind.name() == name)
     }
 
-    /// Where events of this kind stand among those of one stream position: deletes first.
-    pub fn stream_order(self) -> i64 {
+    /// Where events of this kind stand among those of one log position: deletes first.
+    pub fn log_order(self) -> i64 {
         match self {
             EventKind::PlantDeleted => 0,
             EventKind::PlantRestored => 1,
@@ -104,7 +104,7 @@ impl TryFrom<&str> for EndpointState {
     }
 }
 
-/// A stream position's `kind` column: 0 a delete, 1 a restore. Any other code is a row
+/// A log position's `kind` column: 0 a delete, 1 a restore. Any other code is a row
 /// this version cannot deliver, and is refused rather than guessed at.
 impl TryFrom<i64> for EventKind {
     type Error = StoreError;
@@ -112,7 +112,7 @@ impl TryFrom<i64> for EventKind {
     fn try_from(code: i64) -> Result<Self, StoreError> {
         Self::ALL
             .into_iter()
-            .find(|kind| kind.stream_order() == code)
+            .find(|kind| kind.log_order() == code)
             .ok_or(StoreError::Broken("an event of an unknown kind"))
     }
 }
@@ -120,7 +120,7 @@ impl TryFrom<i64> for EventKind {
 /// One event: a deletion log entry, as a delete or as its restore.
 #[derive(Debug, Clone)]
 pub struct Event {
-    pub position: StreamPosition,
+    pub position: LogPosition,
     pub kind: EventKind,
     pub entry: DeletionRecord,
 }
@@ -135,10 +135,50 @@ impl Event {
     }
 }
 
-/// Where a stream destination's messages go: a JetStream stream, on subjects
-/// `<subject_prefix>.<plant id>`. An endpoint without one is a webhook endpoint.
+/// What kind a destination is, with what only that kind has. `Secrets` is what the use at
+/// hand holds of a webhook endpoint's signing secrets: the new secret when it is added,
+/// both secrets in a lease, and in a listing only when the old one stops signing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DestinationKind<Secrets> {
+    Webhook(WebhookTarget<Secrets>),
+    Stream(StreamTarget),
+}
+
+impl<Secrets> DestinationKind<Secrets> {
+    /// The URL events go to (a receiver's) or through (a NATS server's).
+    pub fn url(&self) -> &str {
+        match self {
+            DestinationKind::Webhook(webhook) => &webhook.url,
+            DestinationKind::Stream(stream) => &stream.url,
+        }
+    }
+
+    /// Whether `other` sends to the same place the same way; secrets aside.
+    pub fn same_target<Other>(&self, other: &DestinationKind<Other>) -> bool {
+        match (self, other) {
+            (DestinationKind::Webhook(one), DestinationKind::Webhook(two)) => {
+                one.url == two.url && one.http2 == two.http2
+            }
+            (DestinationKind::Stream(one), DestinationKind::Stream(two)) => one == two,
+            _ => false,
+        }
+    }
+}
+
+/// Where a webhook endpoint's events are POSTed, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookTarget<Secrets> {
+    pub url: String,
+    /// HTTP/2 with prior knowledge on a plain-http URL (`webhooks add --http2`).
+    pub http2: bool,
+    pub secrets: Secrets,
+}
+
+/// Where a stream destination's messages go: a JetStream stream on the NATS server at
+/// `url`, on subjects `<subject_prefix>.<plant id>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamTarget {
+    pub url: String,
     pub stream: String,
     pub subject_prefix: String,
 }
@@ -149,21 +189,16 @@ pub struct StreamTarget {
 pub struct StoredMessage {
     pub plant_id: i64,
     pub stream_seq: i64,
-    pub position: StreamPosition,
+    pub position: LogPosition,
 }
 
-/// An endpoint as `webhooks list` shows it; the secret is not read back.
+/// A destination as `list` shows it. Of a webhook endpoint's secrets, only until when
+/// requests are also signed with the one before the last rotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRecord {
     pub id: i64,
-    pub url: String,
-    /// Set for a stream destination.
-    pub stream: Option<StreamTarget>,
+    pub kind: DestinationKind<Option<DateTime<Utc>>>,
     pub events: EventKinds,
-    /// HTTP/2 with prior knowledge (`webhooks add --http2`).
-    pub http2: bool,
-    /// Until when requests are also signed with the secret before the last rotation.
-    pub previous_secret_until: Option<DateTime<Utc>>,
     pub state: EndpointState,
     pub delivered_through: Option<i64>,
     /// Events after the cursor, of any type (some may not be for this endpoint).
@@ -173,21 +208,16 @@ pub struct EndpointRecord {
     pub created_at: DateTime<Utc>,
 }
 
-/// An endpoint this instance holds the lease on, with what delivery needs.
+/// A destination this instance holds the lease on, with what delivery needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub endpoint_id: i64,
-    pub url: String,
-    /// Set for a stream destination.
-    pub stream: Option<StreamTarget>,
+    pub kind: DestinationKind<Signing>,
     pub events: EventKinds,
-    pub signing: Signing,
-    /// HTTP/2 with prior knowledge on a plain-http URL.
-    pub http2: bool,
     /// Changes when `replay` or `enable` moves the cursor; a report carrying an older one
     /// is refused, so delivery starts over from the new cursor.
     pub generation: i64,
-    pub cursor: StreamPosition,
+    pub cursor: LogPosition,
 }
 
 /// The secrets an endpoint's requests are signed with: its own, and during a rotation's
@@ -210,21 +240,17 @@ impl std::fmt::Debug for Signing {
     }
 }
 
-/// An endpoint as `webhooks add` registers it.
+/// A destination as `add` registers it; a webhook endpoint with its signing secret.
 #[derive(Clone)]
 pub struct NewEndpoint {
-    pub url: String,
-    /// Set for a stream destination (its `secret` is then empty).
-    pub stream: Option<StreamTarget>,
+    pub kind: DestinationKind<String>,
     pub events: EventKinds,
-    pub secret: String,
-    pub http2: bool,
 }
 
 /// What an endpoint's delivery reports: how far it got, and how it is doing.
 #[derive(Debug, Clone)]
 pub struct DeliveryReport {
-    pub cursor: StreamPosition,
+    pub cursor: LogPosition,
     /// The deletion log id of the last event delivered, when the cursor moved.
     pub delivered_through: Option<i64>,
     pub state: EndpointState,
@@ -242,9 +268,10 @@ pub enum ReplayOutcome {
     NoEntry,
 }
 
-/// The webhook endpoints and the event stream, on every backend.
+/// The destinations (webhook endpoints and stream destinations) and the log's events,
+/// on every backend.
 #[async_trait]
-pub trait Webhooks: Send + Sync {
+pub trait Destinations: Send + Sync {
     /// Registers an endpoint that gets the events committed from now on; returns its id.
     /// `StoreError::Duplicate` when the URL is registered already.
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError>;
@@ -285,14 +312,10 @@ pub trait Webhooks: Send + Sync {
         lease_length: Duration,
     ) -> Result<Vec<Lease>, StoreError>;
 
-    /// Up to `limit` events after `after`, in stream order; only events whose place can
+    /// Up to `limit` events after `after`, in log order; only events whose place can
     /// no longer be taken by a later commit, and that a failover cannot take back (on
     /// PostgreSQL, those the synchronous standbys hold).
-    async fn read_events(
-        &self,
-        after: StreamPosition,
-        limit: i64,
-    ) -> Result<Vec<Event>, StoreError>;
+    async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError>;
 
     /// The last message recorded on a plant's subject for a stream destination.
     async fn stored_message(
@@ -320,13 +343,13 @@ mod tests {
 
     #[test]
     fn each_kind_is_read_from_just_after_the_position() {
-        let at = |pos, kind, seq| StreamPosition { pos, kind, seq };
+        let at = |pos, kind, seq| LogPosition { pos, kind, seq };
         for cursor in [at(10, 0, 5), at(10, 1, 5), at(10, 2, 0), at(10, 0, 9)] {
             for kind in EventKind::ALL {
                 let (pos, seq) = cursor.after_for(kind);
                 for event_pos in 9..=11 {
                     for event_id in [i64::MIN + 1, 4, 5, 6, 100] {
-                        let event = at(event_pos, kind.stream_order(), event_id);
+                        let event = at(event_pos, kind.log_order(), event_id);
                         assert_eq!(
                             event > cursor,
                             (event_pos, event_id) > (pos, seq),

@@ -1,0 +1,353 @@
+//! Deletion events into a NATS JetStream stream: one message per event on
+//! `<prefix>.<plant id>`, each published with the stream sequence of its plant's previous
+//! message as `Nats-Expected-Last-Subject-Sequence`, so that a message stored before a
+//! crash but never recorded is found on its subject instead of being stored twice.
+
+mod check;
+mod server;
+
+pub(crate) use check::{TargetUse, check_target};
+pub(crate) use server::stored_url;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex as SyncMutex},
+    time::Duration,
+};
+
+use async_nats::jetstream::{
+    self,
+    context::PublishErrorKind,
+    message::PublishMessage,
+    stream::{LastRawMessageErrorKind, Stream},
+};
+use plantstore_store::{
+    Store,
+    destinations::{Event, StoredMessage, StreamTarget},
+};
+use tokio::sync::Mutex;
+
+use super::{
+    attempt::Attempt,
+    event::{body, event_id},
+};
+use crate::telemetry::one_line;
+use server::{Connection, Server, Trouble, jetstream_missing};
+
+/// The event type of a message, beside `Nats-Msg-Id` and `Content-Type`.
+const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
+/// How many times one attempt publishes: again with the sequence the store recorded for the
+/// plant, and again after finding the subject emptied (by the stream's limits or a purge);
+/// beyond that, something else keeps publishing there.
+const REPUBLISH: usize = 4;
+
+/// A stream destination's broker, stream and subjects, connected on first use, and again
+/// after a connection that could not be made or a publish that got no acknowledgement in
+/// time: the client reconnects by itself when the broker closes or resets, but a path gone
+/// silent looks alive to it until its ping (a minute) finds out.
+pub(super) struct StreamPublisher {
+    server: Server,
+    target: StreamTarget,
+    timeout: Duration,
+    connection: Mutex<Option<Arc<Connection>>>,
+    /// Where the destination's recorded messages are read, when a plant's is needed.
+    store: Arc<dyn Store>,
+    endpoint_id: i64,
+    unsaved: SyncMutex<UnsavedMessages>,
+}
+
+impl StreamPublisher {
+    pub(super) fn new(
+        endpoint_id: i64,
+        target: StreamTarget,
+        timeout: Duration,
+        store: &Arc<dyn Store>,
+    ) -> Result<Self, String> {
+        Ok(Self {
+            server: Server::parse(&target.url)
+                .map_err(|err| format!("the destination's stored URL cannot be used: {err}"))?,
+            target,
+            timeout,
+            connection: Mutex::new(None),
+            store: Arc::clone(store),
+            endpoint_id,
+            unsaved: SyncMutex::default(),
+        })
+    }
+
+    /// The connection, made now if there is none (one attempt at a time makes it).
+    async fn connection(&self) -> Result<Arc<Connection>, String> {
+        let mut held = self.connection.lock().await;
+        if let Some(connection) = held.as_ref() {
+            return Ok(Arc::clone(connection));
+        }
+        let trouble = Trouble::default();
+        let client = self.server.connect(self.timeout, &trouble).await?;
+        let mut context = jetstream::new(client.clone());
+        context.set_timeout(self.timeout);
+        let stream = context
+            .get_stream_no_info(&self.target.stream)
+            .await
+            .map_err(|err| format!("cannot use the stream: {}", one_line(&err)))?;
+        let connection = Arc::new(Connection {
+            client,
+            context,
+            stream,
+            trouble,
+        });
+        *held = Some(Arc::clone(&connection));
+        Ok(connection)
+    }
+
+    /// Drops `connection`, unless another attempt has replaced it already: the next
+    /// attempt connects anew. The client closes once the attempts still using it end.
+    async fn forget(&self, connection: &Arc<Connection>) {
+        let mut held = self.connection.lock().await;
+        if held
+            .as_ref()
+            .is_some_and(|current| Arc::ptr_eq(current, connection))
+        {
+            *held = None;
+        }
+    }
+
+    /// Publishes `event` after its plant's last message: one this delivery stored and has
+    /// not saved yet, or else the one the store recorded. Delivered once the message is in
+    /// the stream, whether published now or found there already.
+    pub(super) async fn publish(&self, event: &Event) -> Attempt {
+        let plant = event.entry.plant_id;
+        let last = self.lock_unsaved().last(plant);
+        match self.publish_after(event, last).await {
+            Ok(message) => {
+                self.lock_unsaved().stored(message);
+                Attempt::Delivered
+            }
+            Err(error) => Attempt::failed(error),
+        }
+    }
+
+    /// What is stored but not yet saved, for the next report.
+    pub(super) fn unsaved(&self) -> Vec<StoredMessage> {
+        self.lock_unsaved().unsaved()
+    }
+
+    pub(super) fn has_unsaved(&self) -> bool {
+        self.lock_unsaved().has_unsaved()
+    }
+
+    /// The report carrying `saved` was saved.
+    pub(super) fn saved(&self, saved: &[StoredMessage]) {
+        self.lock_unsaved().saved(saved);
+    }
+
+    /// No lock is held across an await, so none is ever poisoned by one.
+    fn lock_unsaved(&self) -> std::sync::MutexGuard<'_, UnsavedMessages> {
+        self.unsaved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Publishes `event` after `last`, the plant's message this delivery stored and has not
+    /// saved yet, if any. Without one, the subject is expected empty: nearly every plant's
+    /// first message, published without a read of the store. When that is refused, the
+    /// store's record of the plant's last message (saved before, or by another instance) is
+    /// read, and the event published after it. What comes back is the plant's last
+    /// message then, whether this event's was published now or found stored already.
+    async fn publish_after(
+        &self,
+        event: &Event,
+        last: Option<StoredMessage>,
+    ) -> Result<StoredMessage, String> {
+        let plant = event.entry.plant_id;
+        if let Some(last) = last.filter(|last| last.position >= event.position) {
+            return Ok(last);
+        }
+        let connection = self.connection().await?;
+        if let Some(error) = connection.unusable() {
+            return Err(error);
+        }
+        let Connection {
+            context, stream, ..
+        } = connection.as_ref();
+        let subject = format!("{}.{}", self.target.subject_prefix, plant);
+        let id = event_id(event);
+        let stored = |stream_seq: u64| {
+            Ok(StoredMessage {
+                plant_id: plant,
+                stream_seq: stream_seq as i64,
+                position: event.position,
+            })
+        };
+        let mut expected = last.map_or(0, |last| last.stream_seq.unsigned_abs());
+        let mut store_read = last.is_some();
+        for _ in 0..REPUBLISH {
+            let message = PublishMessage::build()
+                .payload(body(event).into())
+                .message_id(&id)
+                .header("Content-Type", "application/json")
+                .header(EVENT_TYPE_HEADER, event.kind.name());
+            // Off only in the negative control's test build (tests/api/streams.rs), which
+            // shows that without it a crash stores repeats.
+            #[cfg(not(feature = "negative-control"))]
+            let message = message.expected_last_subject_sequence(expected);
+            let acknowledged = match context.send_publish(subject.clone(), message).await {
+                Ok(acknowledgement) => acknowledgement.await,
+                Err(err) => Err(err),
+            };
+            let err = match acknowledged {
+                Ok(ack) if ack.stream != self.target.stream => {
+                    return Err(format!(
+                        "{subject} is captured by the stream {}, not {}",
+                        ack.stream, self.target.stream
+                    ));
+                }
+                Ok(ack) if ack.duplicate => {
+                    return match self.repeat(stream, &id, ack.sequence).await {
+                        Ok(()) => stored(ack.sequence),
+                        Err(error) => Err(error),
+                    };
+                }
+                Ok(ack) => return stored(ack.sequence),
+                Err(err) => err,
+            };
+            if err.kind() == PublishErrorKind::TimedOut {
+                self.forget(&connection).await;
+                if let Some(error) = connection.unusable() {
+                    return Err(error);
+                }
+            }
+            if err.kind() == PublishErrorKind::StreamNotFound
+                && let Some(error) = jetstream_missing(context).await
+            {
+                return Err(error);
+            }
+            if err.kind() != PublishErrorKind::WrongLastSequence {
+                return Err(describe_publish(&err, &self.target));
+            }
+            if !store_read {
+                store_read = true;
+                match self.store.stored_message(self.endpoint_id, plant).await {
+                    Ok(recorded) => match recorded {
+                        Some(recorded) if recorded.position >= event.position => {
+                            return Ok(recorded);
+                        }
+                        Some(recorded) => {
+                            expected = recorded.stream_seq.unsigned_abs();
+                            continue;
+                        }
+                        None => {}
+                    },
+                    Err(err) => {
+                        return Err(format!(
+                            "cannot read the destination's last message on {subject}: {err}"
+                        ));
+                    }
+                }
+            }
+            // The subject holds messages after the one recorded: the first of them is this
+            // event's when a crash came between its acknowledgement and the save.
+            match stream
+                .get_first_raw_message_by_subject(&subject, expected + 1)
+                .await
+            {
+                Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(&id) => {
+                    return stored(found.sequence);
+                }
+                Ok(found) => {
+                    return Err(format!(
+                        "a message this destination did not publish is on {subject} at stream sequence {} (Nats-Msg-Id {}) where {id} was due; remove it from the stream to go on",
+                        found.sequence,
+                        found
+                            .headers
+                            .get("Nats-Msg-Id")
+                            .map_or("unset", |v| v.as_str())
+                    ));
+                }
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+                Err(err) => {
+                    return Err(format!("cannot read {subject} back: {}", one_line(&err)));
+                }
+            }
+            // Nothing after the recorded message: it left the stream (its limits, a purge),
+            // so this one goes after whatever is last there now.
+            expected = match stream.get_last_raw_message_by_subject(&subject).await {
+                Ok(last) => last.sequence,
+                Err(err) if err.kind() == LastRawMessageErrorKind::NoMessageFound => 0,
+                Err(err) => {
+                    return Err(format!("cannot read {subject} back: {}", one_line(&err)));
+                }
+            };
+        }
+        Err(format!(
+            "another publisher keeps adding messages to {subject}"
+        ))
+    }
+
+    /// JetStream took the message for a repeat of the one at `sequence` (same
+    /// `Nats-Msg-Id`, within the duplicate window): stored, if that one is still there. One
+    /// purged or removed since is not, and this message is stored only once the window has
+    /// passed, so it is tried again until then.
+    async fn repeat(&self, stream: &Stream<()>, id: &str, sequence: u64) -> Result<(), String> {
+        match stream.get_raw_message(sequence).await {
+            Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(id) => Ok(()),
+            _ => Err(format!(
+                "JetStream dropped {id} as a repeat of a message no longer in the stream; it is stored once the stream's duplicate window has passed"
+            )),
+        }
+    }
+}
+
+/// A refused or unanswered publish in a line an operator can act on.
+fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarget) -> String {
+    match err.kind() {
+        PublishErrorKind::StreamNotFound => format!(
+            "no stream captures {}.>: the stream {} is missing, or does not take these subjects",
+            target.subject_prefix, target.stream
+        ),
+        PublishErrorKind::TimedOut => {
+            "no acknowledgement from the NATS server within the timeout".into()
+        }
+        _ => format!("the NATS server refused the message: {}", one_line(err)),
+    }
+}
+
+/// The messages this delivery stored and has not saved yet, by plant: the next message of
+/// such a plant is published after it, and the next report saves them with the cursor.
+/// Once saved they are forgotten here (a plant's next event is rare, and reads the store).
+#[derive(Default)]
+struct UnsavedMessages {
+    unsaved: HashMap<i64, StoredMessage>,
+}
+
+impl UnsavedMessages {
+    /// The plant's message stored and not yet saved.
+    fn last(&self, plant: i64) -> Option<StoredMessage> {
+        self.unsaved.get(&plant).copied()
+    }
+
+    /// The plant's last message is `message` now, unless a later one is known already.
+    fn stored(&mut self, message: StoredMessage) {
+        let last = self.unsaved.entry(message.plant_id).or_insert(message);
+        if last.position < message.position {
+            *last = message;
+        }
+    }
+
+    fn has_unsaved(&self) -> bool {
+        !self.unsaved.is_empty()
+    }
+
+    /// What is stored but not yet saved, for the next report.
+    fn unsaved(&self) -> Vec<StoredMessage> {
+        self.unsaved.values().copied().collect()
+    }
+
+    /// The report carrying `saved` was saved.
+    fn saved(&mut self, saved: &[StoredMessage]) {
+        for message in saved {
+            if self.unsaved.get(&message.plant_id) == Some(message) {
+                self.unsaved.remove(&message.plant_id);
+            }
+        }
+    }
+}
