@@ -180,12 +180,16 @@ async fn the_gauges_the_alerts_read_tell_the_instance_s_state(backend: Backend) 
     let client = http_client();
     let failing =
         format!(r#"plantstore_webhook_endpoint_state{{endpoint="{endpoint}",state="failing"}}"#);
+    // Both are read in the background, each on its own round: the log's size (a count of
+    // the whole table on PostgreSQL) may come after the endpoint's state on a loaded machine.
     let scraped = eventually(
         Duration::from_secs(30),
-        "the endpoint seen failing",
+        "the endpoint seen failing, and the log's size read",
         || async {
             let scraped = scrape_at(&client, &other).await;
-            (scraped.get(&failing) == Some(&1.0)).then_some(scraped)
+            (scraped.get(&failing) == Some(&1.0)
+                && scraped.contains_key("plantstore_deletion_log_entries"))
+            .then_some(scraped)
         },
     )
     .await;
