@@ -714,10 +714,7 @@ async fn kill_between_acknowledgement_and_save(
     succeeded(&plantstore_on(&db.url, &["seed", "--count", "40"]));
     let token = new_token(&db.url, "crash");
     add_destination(&db.url, &nats);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
     let mut service = serve_process(&db.url, port);
     let client = reqwest::Client::new();
     let delete_all = || async {
