@@ -1,6 +1,5 @@
-//! Deletion events as storage sees them: destinations (webhook endpoints and JetStream
-//! streams), the deletion log's events in order, and the lease that lets one
-//! instance at a time deliver to a destination.
+//! Deletion events as storage sees them: destinations (webhooks, JetStream streams), the
+//! log's events in order, and the lease that lets one instance at a time deliver to each.
 
 use std::{collections::BTreeSet, time::Duration};
 
@@ -9,10 +8,8 @@ use chrono::{DateTime, Utc};
 
 use crate::{DeletionRecord, StoreError};
 
-/// A place in the log's order of events. Events are ordered by `(pos, kind, seq)`: `pos` is the
-/// backend's commit-ordered position, `kind` an `EventKind`'s `log_order` (as the
-/// cursor is stored), `seq` the order among events of one position and kind (the deletion
-/// log entry, or on SQLite a restore's own sequence number).
+/// A place in the log's order of events: commit-ordered `pos`, `EventKind::log_order`, then
+/// `seq` (the entry's id; on SQLite a restore's own sequence number).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LogPosition {
     pub pos: i64,
@@ -21,9 +18,8 @@ pub struct LogPosition {
 }
 
 impl LogPosition {
-    /// The `(pos, seq)` that the events of `kind` must be above to come after this
-    /// position: so each kind is read from its own index, in its own order, and only as
-    /// far as needed.
+    /// The `(pos, seq)` events of `kind` must be above to come after this position, so each
+    /// kind is read from its own index, in its own order, and only as far as needed.
     pub fn after_for(self, kind: EventKind) -> (i64, i64) {
         match kind.log_order().cmp(&self.kind) {
             std::cmp::Ordering::Greater => (self.pos, i64::MIN),
@@ -33,7 +29,6 @@ impl LogPosition {
     }
 }
 
-/// What happened to a plant, as an event tells it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum EventKind {
     PlantDeleted,
@@ -41,7 +36,7 @@ pub enum EventKind {
 }
 
 impl EventKind {
-    /// Every type, in the order lists show them.
+    /// In the order lists show them.
     pub const ALL: [EventKind; 2] = [EventKind::PlantDeleted, EventKind::PlantRestored];
 
     /// The event type as bodies and `--events` name it.
@@ -65,10 +60,8 @@ impl EventKind {
     }
 }
 
-/// The event types an endpoint gets.
 pub type EventKinds = BTreeSet<EventKind>;
 
-/// How an endpoint is doing, as `webhooks list` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EndpointState {
     /// Its last attempt delivered, or it has had none yet.
@@ -90,7 +83,7 @@ impl EndpointState {
     }
 }
 
-/// The `state` column; any other text is a row this version cannot read.
+/// Any other text is a row this version cannot read.
 impl TryFrom<&str> for EndpointState {
     type Error = StoreError;
 
@@ -104,8 +97,7 @@ impl TryFrom<&str> for EndpointState {
     }
 }
 
-/// A log position's `kind` column: 0 a delete, 1 a restore. Any other code is a row
-/// this version cannot deliver, and is refused rather than guessed at.
+/// An unknown code is a row this version cannot deliver: refused, never guessed at.
 impl TryFrom<i64> for EventKind {
     type Error = StoreError;
 
@@ -117,7 +109,7 @@ impl TryFrom<i64> for EventKind {
     }
 }
 
-/// One event: a deletion log entry, as a delete or as its restore.
+/// A deletion log entry, as a delete or as its restore.
 #[derive(Debug, Clone)]
 pub struct Event {
     pub position: LogPosition,
@@ -135,9 +127,8 @@ impl Event {
     }
 }
 
-/// What kind a destination is, with what only that kind has. `Secrets` is what the use at
-/// hand holds of a webhook endpoint's signing secrets: the new secret when it is added,
-/// both secrets in a lease, and in a listing only when the old one stops signing.
+/// `Secrets` is what the use at hand holds of a webhook's signing secrets: the new one when
+/// added, both in a lease, in a listing only when the old one stops signing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DestinationKind<Secrets> {
     Webhook(WebhookTarget<Secrets>),
@@ -145,7 +136,6 @@ pub enum DestinationKind<Secrets> {
 }
 
 impl<Secrets> DestinationKind<Secrets> {
-    /// The URL events go to (a receiver's) or through (a NATS server's).
     pub fn url(&self) -> &str {
         match self {
             DestinationKind::Webhook(webhook) => &webhook.url,
@@ -165,7 +155,6 @@ impl<Secrets> DestinationKind<Secrets> {
     }
 }
 
-/// Where a webhook endpoint's events are POSTed, and how.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookTarget<Secrets> {
     pub url: String,
@@ -174,8 +163,7 @@ pub struct WebhookTarget<Secrets> {
     pub secrets: Secrets,
 }
 
-/// Where a stream destination's messages go: a JetStream stream on the NATS server at
-/// `url`, on subjects `<subject_prefix>.<plant id>`.
+/// A JetStream stream on the NATS server at `url`, on subjects `<subject_prefix>.<plant id>`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamTarget {
     pub url: String,
@@ -183,8 +171,7 @@ pub struct StreamTarget {
     pub subject_prefix: String,
 }
 
-/// The last message JetStream stored on a plant's subject for a stream destination: its
-/// stream sequence, and the event it carried.
+/// The last message JetStream stored on a plant's subject for a stream destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoredMessage {
     pub plant_id: i64,
@@ -192,8 +179,7 @@ pub struct StoredMessage {
     pub position: LogPosition,
 }
 
-/// A destination as `list` shows it. Of a webhook endpoint's secrets, only until when
-/// requests are also signed with the one before the last rotation.
+/// Of a webhook's secrets, only until when the one before the last rotation also signs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EndpointRecord {
     pub id: i64,
@@ -208,20 +194,17 @@ pub struct EndpointRecord {
     pub created_at: DateTime<Utc>,
 }
 
-/// A destination this instance holds the lease on, with what delivery needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     pub endpoint_id: i64,
     pub kind: DestinationKind<Signing>,
     pub events: EventKinds,
-    /// Changes when `replay` or `enable` moves the cursor; a report carrying an older one
-    /// is refused, so delivery starts over from the new cursor.
+    /// Moves with `replay` or `enable`: a report carrying an older one is refused.
     pub generation: i64,
     pub cursor: LogPosition,
 }
 
-/// The secrets an endpoint's requests are signed with: its own, and during a rotation's
-/// overlap the one before it too.
+/// During a rotation's overlap, requests are signed with the previous secret too.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Signing {
     pub secret: String,
@@ -240,14 +223,12 @@ impl std::fmt::Debug for Signing {
     }
 }
 
-/// A destination as `add` registers it; a webhook endpoint with its signing secret.
 #[derive(Clone)]
 pub struct NewEndpoint {
     pub kind: DestinationKind<String>,
     pub events: EventKinds,
 }
 
-/// What an endpoint's delivery reports: how far it got, and how it is doing.
 #[derive(Debug, Clone)]
 pub struct DeliveryReport {
     pub cursor: LogPosition,
@@ -256,8 +237,7 @@ pub struct DeliveryReport {
     pub state: EndpointState,
     pub last_error: Option<String>,
     pub next_attempt_at: Option<DateTime<Utc>>,
-    /// A stream destination's messages stored since the last report, saved in the same
-    /// transaction as the cursor.
+    /// A stream's messages stored since the last report, saved in the cursor's transaction.
     pub stored: Vec<StoredMessage>,
 }
 
@@ -268,17 +248,13 @@ pub enum ReplayOutcome {
     NoEntry,
 }
 
-/// The destinations (webhook endpoints and stream destinations) and the log's events,
-/// on every backend.
 #[async_trait]
 pub trait Destinations: Send + Sync {
-    /// Registers an endpoint that gets the events committed from now on; returns its id.
-    /// `StoreError::Duplicate` when the URL is registered already.
+    /// Gets the events committed from now on; `StoreError::Duplicate` when the URL is taken.
     async fn add_endpoint(&self, endpoint: &NewEndpoint) -> Result<i64, StoreError>;
 
-    /// Gives an endpoint a new signing secret; until `overlap` has passed, requests are
-    /// signed with the old one too. Returns when the overlap ends.
-    /// `StoreError::NotFound` when no endpoint has that id.
+    /// Until `overlap` has passed, requests are signed with the old secret too; returns when
+    /// it ends. `StoreError::NotFound` when no endpoint has that id.
     async fn rotate_secret(
         &self,
         id: i64,
@@ -288,36 +264,31 @@ pub trait Destinations: Send + Sync {
 
     async fn list_endpoints(&self) -> Result<Vec<EndpointRecord>, StoreError>;
 
-    /// Points an endpoint at a new URL (new credentials, a receiver moved), keeping its
-    /// cursor, state and recorded messages. `StoreError::NotFound` when no endpoint has
-    /// that id, `StoreError::Duplicate` when another one has the URL.
+    /// Keeps the endpoint's cursor, state and recorded messages. `StoreError::NotFound` when
+    /// no endpoint has that id, `StoreError::Duplicate` when another one has the URL.
     async fn change_url(&self, id: i64, url: &str) -> Result<(), StoreError>;
 
     /// `StoreError::NotFound` when no endpoint has that id.
     async fn remove_endpoint(&self, id: i64) -> Result<(), StoreError>;
 
-    /// Makes an endpoint active again, delivering from where it stopped.
+    /// Delivers again from where it stopped.
     async fn enable_endpoint(&self, id: i64) -> Result<(), StoreError>;
 
-    /// Moves an endpoint's cursor back to just before deletion log entry `from`, with nothing
-    /// delivered since; a stream destination forgets the messages it recorded, so it
-    /// publishes those events again.
+    /// Moves the cursor back to just before entry `from`; a stream destination forgets the
+    /// messages it recorded, so it publishes those events again.
     async fn replay_endpoint(&self, id: i64, from: i64) -> Result<ReplayOutcome, StoreError>;
 
-    /// Takes or renews, for `lease_length`, the lease of every endpoint not disabled and not held
-    /// by another instance; returns all this `owner` holds now.
+    /// Takes or renews every lease not disabled nor held elsewhere; returns all `owner` holds.
     async fn claim_endpoints(
         &self,
         owner: &str,
         lease_length: Duration,
     ) -> Result<Vec<Lease>, StoreError>;
 
-    /// Up to `limit` events after `after`, in log order; only events whose place can
-    /// no longer be taken by a later commit, and that a failover cannot take back (on
-    /// PostgreSQL, those the synchronous standbys hold).
+    /// In log order; only events whose place no later commit can take and that no failover
+    /// can take back (on PostgreSQL, those the synchronous standbys hold).
     async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError>;
 
-    /// The last message recorded on a plant's subject for a stream destination.
     async fn stored_message(
         &self,
         endpoint_id: i64,

@@ -1,4 +1,4 @@
-//! The one error type every backend reports, sorted by what a caller can do about it.
+//! The one error every backend reports, sorted by what a caller can do about it.
 
 use std::sync::Arc;
 
@@ -11,45 +11,37 @@ pub enum StoreError {
     #[error("not found")]
     NotFound,
 
-    /// A foreign key elsewhere still points at the row.
     #[error("the row is still referenced by another table")]
     Referenced,
 
-    /// The caller's idempotency key already deleted another plant, `plant_id`.
     #[error("the idempotency key was used for plant {plant_id}")]
     KeyReused { plant_id: i64 },
 
-    /// A unique key (such as a token name) is already taken.
     #[error("already exists")]
     Duplicate,
 
-    /// The database cannot be reached now, or no connection freed up in time; retrying
-    /// later may succeed.
+    /// Unreachable now, or no connection freed up in time: a retry later may succeed.
     #[error("the database is unavailable: {0}")]
     Unavailable(#[source] Arc<sqlx::Error>),
 
-    /// The connection settings cannot be used (for example a malformed URL).
     #[error("{0}")]
     Config(String),
 
-    /// The database lacks what the service needs (for example `plants.id`).
     #[error("{0}")]
     Schema(String),
 
     #[error("migration failed: {0}")]
     Migrate(#[source] Arc<sqlx::migrate::MigrateError>),
 
-    /// The database answers but takes no writes now (in recovery, or read-only after a
-    /// failover).
+    /// In recovery, or read-only after a failover.
     #[error("the database accepts no writes now")]
     ReadOnly,
 
-    /// The request's deadline passed before the database could do its part; nothing was
-    /// sent, or what was sent was cut off before it committed.
+    /// Nothing was sent, or what was sent was cut off before it committed.
     #[error("the request's deadline passed before the database answered")]
     TimedOut,
 
-    /// The store is shutting down: the request was not started.
+    /// Shutting down: the request was not started.
     #[error("the store stopped before answering")]
     Stopped,
 
@@ -58,9 +50,7 @@ pub enum StoreError {
     #[error("the outcome of the delete is unknown")]
     OutcomeUnknown,
 
-    /// The commit's wait for the synchronous standbys ended early (a cancel, such as a
-    /// pooler's query timeout): it is committed on this server, but a failover may still
-    /// take it back, so it cannot be vouched for.
+    /// Cancelled by, say, a pooler's query timeout (docs/operations.md, synchronous standbys).
     #[error(
         "the commit's wait for the synchronous standbys was cancelled: committed here, but a failover may take it back"
     )]
@@ -69,8 +59,7 @@ pub enum StoreError {
     #[error("database error: {0}")]
     Other(#[source] Arc<sqlx::Error>),
 
-    /// A backend broke a promise of this interface (such as one outcome per deletion of
-    /// a batch): a bug, answered as an error rather than with a guess.
+    /// A backend's bug (say, not one outcome per deletion), answered as an error, not a guess.
     #[error("a backend broke its promise: {0}")]
     Broken(&'static str),
 }

@@ -1,5 +1,4 @@
-//! The storage interface the service talks to, the same for every database backend: the
-//! traits, the records they take and give, and the one error. What only the backends
+//! The storage interface, the same for every database backend. What only the backends
 //! share to implement it is in [`backend`].
 
 use std::{fmt::Debug, sync::Arc};
@@ -18,24 +17,20 @@ pub use destinations::Destinations;
 pub use error::StoreError;
 pub use log::{DeletionFilter, DeletionRecord, RestoreError};
 
-/// A request to delete one plant, with what its audit row records: who asked, and in
-/// answer to which HTTP request. The store stamps the time when it commits.
+/// A request to delete one plant, with what its audit row records; the store stamps the time.
 #[derive(Debug, Clone)]
 pub struct Deletion {
     pub plant_id: i64,
     /// The token's name, or `jwt:<subject>`.
     pub caller: Arc<str>,
     pub request_id: String,
-    /// The client's `Idempotency-Key`, the caller's own: a retry with it replays the
-    /// first try's 204 instead of deleting again.
+    /// The client's `Idempotency-Key`, scoped to the caller: a retry replays the first 204.
     pub idempotency_key: Option<Arc<str>>,
-    /// When the request is answered 503 if it has not been answered yet: no wait of this
-    /// deletion on the database may last past it.
+    /// When the request is answered 503: no database wait of this deletion may outlast it.
     pub deadline: tokio::time::Instant,
 }
 
 impl Deletion {
-    /// Whether `other` carries the same idempotency key from the same caller.
     pub fn same_key_as(&self, other: &Deletion) -> bool {
         self.idempotency_key.is_some()
             && self.idempotency_key == other.idempotency_key
@@ -43,8 +38,7 @@ impl Deletion {
     }
 }
 
-/// A successful delete: done now, or done earlier by a request with the same
-/// idempotency key.
+/// Done now, or earlier by a request with the same idempotency key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Deleted {
     Now,
@@ -64,57 +58,43 @@ pub struct TokenRecord {
     pub revoked_at: Option<DateTime<Utc>>,
 }
 
-/// One database the service can run on: plants and the schema here, the deletion log,
-/// tokens and destinations in a trait each, so that a backend implements each where its
-/// queries are.
-///
-/// Every method is one unit of work on the database; an implementation maps its driver's
-/// errors into [`StoreError`] by kind so callers never see database text.
+/// One database the service can run on (a trait per concern, each implemented where its
+/// queries are). Each method is one unit of work; driver errors are mapped into
+/// [`StoreError`] by kind, so callers never see database text.
 #[async_trait]
 pub trait Store: DeletionLog + Tokens + Destinations + Send + Sync + Debug + 'static {
     async fn migrate(&self) -> Result<(), StoreError>;
 
-    /// Checks, without changing anything, that the schema the service needs is present
-    /// and usable: `plants.id` an integer that names one row, and the service's tables.
+    /// Read-only: `plants.id` is an integer naming one row, and the service's tables exist.
     async fn check_schema(&self) -> Result<(), StoreError>;
 
-    /// Answers once the database answers a trivial query.
     async fn ping(&self) -> Result<(), StoreError>;
 
-    /// Deletes one plant and writes its audit row, committed together and durably before
-    /// it returns; concurrent calls share commits (the group commit, `plantstore-group-commit`).
-    ///
-    /// `StoreError::NotFound` when no such plant exists, `StoreError::Referenced` when
-    /// another table still points at it (then nothing is deleted). With an idempotency
-    /// key the caller used within the replay window: `Deleted::Replayed` when it deleted
-    /// this plant, `StoreError::KeyReused` when it deleted another (nothing is deleted).
-    /// The audit row keeps the key and a JSON snapshot of the deleted row.
+    /// Deletes one plant and writes its audit row (key, JSON snapshot), committed together
+    /// and durably before it returns; concurrent calls share commits. `NotFound` without the
+    /// plant, `Referenced` when another table points at it. A key used within the replay
+    /// window: `Deleted::Replayed` if it deleted this plant, `KeyReused` if another.
     async fn delete_plant(&self, deletion: Deletion) -> Result<Deleted, StoreError>;
 
     /// Inserts demo plants with ids 1..=count that are missing; returns how many it added.
     async fn seed_plants(&self, count: i64) -> Result<u64, StoreError>;
 
-    /// The connection pool and the group-commit queue right now, for `/metrics`.
     fn stats(&self) -> StoreStats;
 
-    /// Changes after each commit that wrote to the deletion log (deletes, restores,
-    /// replays) in this process, and on PostgreSQL in any process on the same database
-    /// (heard while a receiver is kept; a lost connection counts as a change, since what
-    /// was said meanwhile went unheard). One change may stand for many commits.
+    /// News after each commit that wrote to the deletion log: this process's, and on
+    /// PostgreSQL any process's while a receiver is kept (a lost connection counts as news:
+    /// what was said meanwhile went unheard). One change may stand for many commits.
     fn commits(&self) -> CommitNewsReceiver;
 
     /// Waits for in-flight work and closes every connection.
     async fn close(&self);
 }
 
-/// The most entries one `prune_deletions` removes: one short statement, so that a delete
-/// waits at most that long behind it. The statements spell it as the literal `LIMIT 500`: as
-/// a parameter, PostgreSQL's generic plan guesses a tenth of the table instead, a cost that
-/// has it JIT-compile every batch (bench/JOURNAL.md, "retention on PostgreSQL, profiled and
-/// paced").
+/// One short prune statement, so a delete waits at most that long behind it. Spelt `LIMIT 500`:
+/// as a parameter, PostgreSQL's generic plan guesses a tenth of the table and JIT-compiles
+/// every batch (bench/JOURNAL.md, "retention on PostgreSQL, profiled and paced").
 pub const PRUNE_BATCH: u64 = 500;
 
-/// The deletion log: what was deleted, by whom, and putting it back.
 #[async_trait]
 pub trait DeletionLog: Send + Sync {
     /// Entries of the deletion log, newest first.
@@ -123,21 +103,17 @@ pub trait DeletionLog: Send + Sync {
         filter: &DeletionFilter,
     ) -> Result<Vec<DeletionRecord>, StoreError>;
 
-    /// Puts a deleted plant back from its snapshot and marks the entry restored `by`, in
-    /// one transaction; returns the plant's id.
+    /// Puts the plant back from its snapshot and marks the entry restored, in one transaction.
     async fn restore_deletion(&self, entry: i64, by: &str) -> Result<i64, RestoreError>;
 
-    /// Removes up to `PRUNE_BATCH` log entries deleted before `before`, oldest first,
-    /// keeping those a destination has yet to receive; their idempotency keys stop
-    /// replaying. Returns how many went: fewer than `PRUNE_BATCH` when no more can go now.
+    /// Removes up to `PRUNE_BATCH` entries deleted before `before`, oldest first, but none a
+    /// destination has yet to receive; their keys stop replaying. Fewer: no more can go now.
     async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError>;
 
-    /// How many entries the log holds, and when the oldest of them was deleted.
     async fn log_size(&self) -> Result<LogSize, StoreError>;
 
-    /// Takes, or renews, the lease on the chore `name` for `owner` until `length` from now
-    /// (the database's clock where it has one); whether `owner` holds it now. Another
-    /// owner's lease is taken only once it has run out.
+    /// Takes or renews `owner`'s lease on a chore (the database's clock where it has one);
+    /// whether `owner` holds it now. Another owner's lease is taken only once it ran out.
     async fn claim_chore(
         &self,
         name: &str,
@@ -145,12 +121,10 @@ pub trait DeletionLog: Send + Sync {
         length: std::time::Duration,
     ) -> Result<bool, StoreError>;
 
-    /// Gives up `owner`'s lease on the chore `name`, if it holds it, so that another
-    /// instance takes the chore at once instead of when the lease runs out.
+    /// Gives it up so another instance takes the chore at once, not when the lease runs out.
     async fn release_chore(&self, name: &str, owner: &str) -> Result<(), StoreError>;
 }
 
-/// The deletion log's size, as `/metrics` shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogSize {
     pub entries: i64,
@@ -158,7 +132,7 @@ pub struct LogSize {
     pub oldest: Option<DateTime<Utc>>,
 }
 
-/// The service's own API tokens; only their hashes are stored.
+/// The service's own API tokens; only hashes are stored.
 #[async_trait]
 pub trait Tokens: Send + Sync {
     /// Stores a new token; `StoreError::Duplicate` when the name is taken.
@@ -167,16 +141,14 @@ pub trait Tokens: Send + Sync {
     /// Every token, oldest first.
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
 
-    /// Marks a token revoked; `StoreError::NotFound` when no token has that name.
-    /// Revoking a revoked token keeps its first revocation time.
+    /// `StoreError::NotFound` without that name; revoking again keeps the first time.
     async fn revoke_token(&self, name: &str, at: DateTime<Utc>) -> Result<(), StoreError>;
 
     async fn count_tokens(&self) -> Result<i64, StoreError>;
 }
 
-/// News of commits that wrote to the deletion log, as [`Store::commits`] hands it out: it
-/// says only that there were some since the last look, never how many, so a reader reads
-/// everything new.
+/// What [`Store::commits`] hands out: only that there were commits since the last look, never
+/// how many, so a reader reads everything new.
 #[derive(Debug, Clone)]
 pub struct CommitNewsReceiver(watch::Receiver<u64>);
 
@@ -194,38 +166,30 @@ impl CommitNewsReceiver {
     }
 }
 
-/// Told the size of each group commit once it committed, for whatever keeps such figures
-/// (the service's `/metrics`); the store itself keeps none. Given when the store is opened
-/// (`StoreSettings::commit_observer`).
+/// For whatever keeps figures (the service's `/metrics`); the store keeps none.
 pub trait CommitObserver: Send + Sync + Debug + 'static {
     fn batch_committed(&self, size: usize);
 }
 
-/// A backend's connections and queue at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StoreStats {
     /// Connections open in the pool (SQLite: the readers; its one writer is apart).
     pub pool_size: u32,
-    /// Of those, how many wait unused.
     pub pool_idle: usize,
-    /// Deletes waiting for a commit.
     pub queued: usize,
     /// Hosts the database URL names (1 for SQLite).
     pub database_hosts: usize,
-    /// Times new connections were moved to another host since start (a failover).
+    /// Since start: moves of new connections to another host (a failover).
     pub host_changes: u64,
 }
 
-/// How a backend sizes and waits on its connection pool, how long it replays idempotency
-/// keys, and whom it tells of its group commits.
 #[derive(Debug, Clone)]
 pub struct StoreSettings {
     pub max_connections: u32,
-    /// Longest wait for a free connection (and, on SQLite, for the write lock) before the
-    /// caller gets `StoreError::Unavailable`.
+    /// For a free connection (on SQLite also the write lock), then `StoreError::Unavailable`.
     pub acquire_timeout: std::time::Duration,
-    /// How long after a delete a retry with its idempotency key is answered from the log.
+    /// How long after a delete a retry with its key is answered from the log.
     pub idempotency_ttl: std::time::Duration,
-    /// Told each group commit's size (the service's `/metrics`); none for a command.
+    /// `None` for a command.
     pub commit_observer: Option<Arc<dyn CommitObserver>>,
 }

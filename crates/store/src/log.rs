@@ -1,12 +1,11 @@
-//! The deletion log as the admin commands see it: entries, filters, and why a restore
-//! was refused.
+//! The deletion log as the admin commands see it: entries, filters, refused restores.
 
 use chrono::{DateTime, Utc};
 use serde_json::value::RawValue;
 
 use crate::StoreError;
 
-/// One entry of the deletion log (a row of `plantstore_deletions`).
+/// A row of `plantstore_deletions`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeletionRecord {
     pub id: i64,
@@ -16,8 +15,7 @@ pub struct DeletionRecord {
     pub request_id: String,
     pub idempotency_key: Option<String>,
     pub deleted_at: DateTime<Utc>,
-    /// The deleted row as a JSON object; `None` for entries logged before snapshots were
-    /// kept.
+    /// The deleted row as a JSON object; `None` for entries from before snapshots were kept.
     pub snapshot: Option<String>,
     pub restored_at: Option<DateTime<Utc>>,
     pub restored_by: Option<String>,
@@ -37,7 +35,7 @@ impl DeletionRecord {
     }
 }
 
-/// Which entries `Store::list_deletions` returns, newest first; `None` matches all.
+/// `None` matches all.
 #[derive(Debug, Clone, Default)]
 pub struct DeletionFilter {
     pub plant_id: Option<i64>,
@@ -46,8 +44,7 @@ pub struct DeletionFilter {
     pub limit: i64,
 }
 
-/// Why a deletion was not restored. Each reads as the end of one line: "cannot restore
-/// deletion 12: …".
+/// Each reads as the end of one line: "cannot restore deletion 12: …".
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RestoreError {
     #[error("no deletion log entry has id {0}")]
@@ -64,8 +61,7 @@ pub enum RestoreError {
     #[error("a plant with id {0} exists again; delete or renumber it first")]
     PlantExists(i64),
 
-    /// The table's columns are not the snapshot's: restoring would drop a value or leave
-    /// a column the snapshot cannot fill.
+    /// Restoring would drop a value or leave a column the snapshot cannot fill.
     #[error("the plants table changed since the delete ({})", columns_changed(.missing, .unknown))]
     ColumnsChanged {
         /// Columns of the table now that the snapshot has no value for.
@@ -96,8 +92,7 @@ fn columns_changed(missing: &[String], unknown: &[String]) -> String {
 }
 
 impl RestoreError {
-    /// Sorts a failed insert of the snapshot by kind: a foreign key that no longer
-    /// resolves, or a unique value taken since.
+    /// Sorts a failed insert of the snapshot: a foreign key gone, a unique value taken since.
     pub fn from_insert(err: StoreError) -> Self {
         match err {
             StoreError::Referenced => RestoreError::ForeignKeyGone,

@@ -1,10 +1,8 @@
-//! Times the store computes from now: how far back a filter reaches, how far ahead an
-//! expiry, an overlap or a lease may be set.
+//! Times computed from now, kept within what every backend can store.
 
 use chrono::{DateTime, Utc};
 
-/// The moment `duration` before now; `None` when that is before any date the log can
-/// hold.
+/// `None` when `duration` before now is before any date the log can hold.
 pub fn before_now(duration: std::time::Duration) -> Option<DateTime<Utc>> {
     chrono::Duration::from_std(duration)
         .ok()

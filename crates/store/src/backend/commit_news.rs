@@ -7,13 +7,11 @@ use tokio::sync::watch;
 
 use crate::CommitNewsReceiver;
 
-/// A counter bumped after each commit that wrote deletion log entries, and on PostgreSQL
-/// when another process's commit is heard (see `Store::commits`).
+/// A counter bumped at each commit `Store::commits` tells of.
 #[derive(Debug, Clone, Default)]
 pub struct CommitNews(Arc<watch::Sender<u64>>);
 
 impl CommitNews {
-    /// After a commit that wrote to the deletion log, or word of one elsewhere.
     pub fn bump(&self) {
         self.0.send_modify(|count| *count = count.wrapping_add(1));
     }

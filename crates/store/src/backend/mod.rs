@@ -1,6 +1,5 @@
 //! What the backends share to implement the interface, and the service never uses: commit
-//! news, the rows both select, and the checks both make. The group commit has a crate of
-//! its own, `plantstore-group-commit`.
+//! news, the rows both select, the checks both make. The group commit is a crate of its own.
 
 mod commit_news;
 
@@ -16,7 +15,6 @@ use crate::{
     },
 };
 
-/// `StoreError::NotFound` when a statement that names one row by its key changed none.
 pub fn not_found_if_none(rows_affected: u64) -> Result<(), StoreError> {
     if rows_affected == 0 {
         Err(StoreError::NotFound)
@@ -25,14 +23,13 @@ pub fn not_found_if_none(rows_affected: u64) -> Result<(), StoreError> {
     }
 }
 
-/// What a backend read of a log entry before restoring it.
+/// A log entry as read before restoring it.
 #[derive(Debug)]
 pub struct EntryState {
     pub plant_id: i64,
     pub has_snapshot: bool,
     pub restored_at: Option<DateTime<Utc>>,
     pub restored_by: Option<String>,
-    /// A plant with the entry's id is in `plants` now.
     pub plant_exists: bool,
 }
 
@@ -76,8 +73,7 @@ pub fn column_changes(table: &[String], snapshot: &[String]) -> Result<(), Resto
     Err(RestoreError::ColumnsChanged { missing, unknown })
 }
 
-/// An event as both backends select it: `kind` 0 is a delete, 1 a restore; `seq` orders
-/// the events of one place and kind (the entry's id; on SQLite a restore's own sequence).
+/// `pos`, `kind` and `seq` as in `LogPosition`.
 #[derive(Debug)]
 pub struct EventRow {
     pub pos: i64,
@@ -120,7 +116,6 @@ impl TryFrom<EventRow> for Event {
     }
 }
 
-/// A claimed endpoint as both backends return it.
 #[derive(Debug)]
 pub struct LeaseRow {
     pub id: i64,
@@ -168,7 +163,6 @@ impl TryFrom<LeaseRow> for Lease {
     }
 }
 
-/// An endpoint as both backends list it.
 #[derive(Debug)]
 pub struct EndpointRow {
     pub id: i64,
@@ -212,8 +206,7 @@ impl TryFrom<EndpointRow> for EndpointRecord {
     }
 }
 
-/// A destination from its columns: the `kind` says which, a webhook endpoint's `http2` and
-/// secrets, or a stream destination's `stream` and `subject_prefix`, both set.
+/// A webhook uses `http2` and the secrets; a stream needs `stream` and `subject_prefix` set.
 fn destination<Secrets>(
     kind: &str,
     url: String,
@@ -237,8 +230,7 @@ fn destination<Secrets>(
     }
 }
 
-/// A new destination's columns: `kind`, `url`, `secret` (empty for a stream), `http2`,
-/// `stream` and `subject_prefix` (none for a webhook endpoint).
+/// A new destination's columns; `secret` is empty for a stream.
 pub struct DestinationColumns<'a> {
     pub kind: &'static str,
     pub url: &'a str,
@@ -271,7 +263,6 @@ impl<'a> From<&'a DestinationKind<String>> for DestinationColumns<'a> {
     }
 }
 
-/// A stored message as both backends return it.
 #[derive(Debug)]
 pub struct StoredMessageRow {
     pub plant_id: i64,
@@ -313,7 +304,6 @@ fn event_kinds(list: &str) -> Result<EventKinds, StoreError> {
         .collect()
 }
 
-/// What a backend found in its catalog about the tables the service uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchemaFacts {
     /// The declared type of `plants.id`; `None` when there is no such column.
@@ -323,11 +313,10 @@ pub struct SchemaFacts {
     /// A primary key or unique index on exactly `(id)`, with no condition: one id can
     /// never name, and so never delete, several rows.
     pub plants_id_is_unique: bool,
-    /// The service's tables, as its latest migration leaves them.
+    /// As the latest migration leaves them.
     pub has_own_tables: bool,
 }
 
-/// What `Store::check_schema` reports, given what a backend found in its catalog.
 pub fn schema_verdict(facts: &SchemaFacts) -> Result<(), StoreError> {
     let Some(id_type) = &facts.plants_id_type else {
         return Err(StoreError::Schema(
