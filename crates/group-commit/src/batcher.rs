@@ -1,7 +1,5 @@
-//! Group commit: deletes that queue while a commit is in flight go out together in the
-//! next one, and each request is told its own outcome. A backend commits a batch through
-//! `BatchWriter` and says what became of each deletion (`DeletionOutcome`); reading what
-//! its batch statement found into those outcomes is shared here too (`BatchResult`).
+//! What goes into each commit, and each request's outcome. Reading what a backend's batch
+//! statement found into those outcomes is shared here too (`BatchResult`).
 
 use std::{
     collections::{HashMap, HashSet, hash_map::Entry},
@@ -21,42 +19,34 @@ const MAX_BATCH: usize = 256;
 /// Requests that may wait for a commit worker; past it, senders wait too.
 const QUEUE_DEPTH: usize = 4 * MAX_BATCH;
 
-/// How one backend commits; the batcher decides what goes into each commit.
-///
-/// Every wait of either method, for a connection, a lock or a statement, ends by the
-/// earliest deadline of its deletions (`earliest`), with `StoreError::TimedOut` or the
-/// database's own timeout error; nothing is sent once it has passed.
+/// Every wait of either method ends by its deletions' `earliest` deadline (`TimedOut` or the
+/// database's own timeout error); nothing is sent once it has passed.
 #[async_trait]
 pub trait BatchWriter: Send + Sync + 'static {
-    /// Deletes distinct plants and writes their audit rows in one transaction, returning
-    /// one outcome per deletion, in order. No two deletions share an idempotency key.
-    /// After an error nothing of the batch is committed, unless it struck during the
-    /// commit itself, when nobody can tell.
+    /// Distinct plants, no two sharing a key, in one transaction; one outcome per deletion,
+    /// in order. After an error nothing is committed, unless it struck during the commit
+    /// itself, when nobody can tell.
     async fn delete_batch(&self, batch: &[Deletion]) -> Result<Vec<DeletionOutcome>, StoreError>;
 
-    /// Deletes one plant in a transaction of its own, waiting for its row if another
-    /// session holds it; never answers `DeletionOutcome::RowLocked`.
+    /// In a transaction of its own, waiting for the row if another session holds it; never
+    /// answers `DeletionOutcome::RowLocked`.
     async fn delete_one(&self, deletion: &Deletion) -> Result<DeletionOutcome, StoreError>;
 }
 
-/// What a backend says about one deletion of a batch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeletionOutcome {
-    /// The row is gone and its audit row written, in this batch.
+    /// Gone and audited, in this batch.
     Removed,
     NotFound,
-    /// Another session holds the row: it is retried alone, waiting for the row, so the
-    /// rest of its batch is not held up.
+    /// Another session holds the row: retried alone, not holding up the rest of its batch.
     RowLocked,
-    /// The caller's idempotency key already deleted this plant; nothing was done now.
+    /// The caller's key already deleted this plant; nothing was done now.
     Replayed,
-    /// The caller's idempotency key already deleted another plant, this one; nothing was
-    /// done now.
+    /// The caller's key already deleted this other plant; nothing was done now.
     KeyReused(i64),
 }
 
-/// A backend's outcomes for a batch of `size`: one each, in order. Any other count is a
-/// broken promise and an error for the whole batch, never a guessed answer.
+/// Any other count than one each is an error for the whole batch, never a guessed answer.
 pub(crate) fn one_each(
     size: usize,
     outcomes: Vec<DeletionOutcome>,
@@ -72,13 +62,12 @@ pub(crate) fn one_each(
     Err(StoreError::Broken("one outcome per deletion of a batch"))
 }
 
-/// The outcome of a batch of one deletion, as `one_each` checks it.
+/// As `one_each` checks it.
 pub fn only_outcome(outcomes: Vec<DeletionOutcome>) -> Result<DeletionOutcome, StoreError> {
     Ok(one_each(1, outcomes)?[0])
 }
 
-/// A deletion whose caller's key already deleted `earlier`: a replay when that was this
-/// plant, a reused key when it was another. `None` when the key deleted nothing yet.
+/// A replay when the caller's key already deleted this plant, a reused key when another.
 pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<DeletionOutcome> {
     earlier.map(|plant_id| {
         if plant_id == deletion.plant_id {
@@ -89,16 +78,13 @@ pub fn replay_or_reuse(deletion: &Deletion, earlier: Option<i64>) -> Option<Dele
     })
 }
 
-/// Facts about one batch, as a backend's statement reports them.
 #[derive(Debug, Default)]
 pub struct BatchResult {
-    /// Plants the statement deleted (and audited).
     pub removed: HashSet<i64>,
     /// Plants still there after the statement: another session holds them (PostgreSQL
     /// skips locked rows), so they are retried alone. Always empty on SQLite.
     pub present: HashSet<i64>,
-    /// Batch positions (from 0) whose caller's idempotency key already deleted a plant
-    /// within the replay window, and that plant.
+    /// Batch positions (from 0) whose caller's key already deleted a plant, and that plant.
     pub earlier: HashMap<usize, i64>,
 }
 
@@ -130,18 +116,16 @@ struct Job {
     reply: Reply,
 }
 
-/// The queue in front of a backend's writer. Cloning it shares the queue.
+/// The queue in front of a backend's writer; clones share it.
 #[derive(Clone)]
 pub struct Batcher {
     queue: mpsc::Sender<Job>,
 }
 
-/// What every commit worker shares: the writer, the queue, and whom it tells of commits.
 #[derive(Clone)]
 struct CommitWorker {
     writer: Arc<dyn BatchWriter>,
     receiver: Arc<Mutex<mpsc::Receiver<Job>>>,
-    /// Told each batch's size, when the store was opened with an observer.
     sizes: Option<Arc<dyn CommitObserver>>,
     news: CommitNews,
 }
@@ -155,10 +139,8 @@ impl fmt::Debug for Batcher {
 }
 
 impl Batcher {
-    /// Starts `workers` commit workers on one queue; `news` is bumped after each commit
-    /// that deleted a plant, and `sizes` told each batch's size. No timer: a worker takes
-    /// whatever queued while its previous commit ran, so a request alone waits for
-    /// nothing extra. The workers end when the last clone of the batcher is dropped.
+    /// No timer: a worker takes whatever queued while its previous commit ran, so a request
+    /// alone waits for nothing extra. The workers end when the last clone is dropped.
     pub fn start(
         writer: Arc<dyn BatchWriter>,
         workers: usize,
@@ -178,13 +160,10 @@ impl Batcher {
         Self { queue }
     }
 
-    /// How many requests wait for a commit now.
     pub fn queued(&self) -> usize {
         QUEUE_DEPTH - self.queue.capacity()
     }
 
-    /// Deletes one plant with the next commit; `StoreError::NotFound` when it is not there.
-    ///
     /// Dropping the future before its batch starts withdraws the request: nothing is
     /// deleted for a caller that is no longer waiting.
     pub async fn delete(&self, deletion: Deletion) -> Result<Deleted, StoreError> {
@@ -230,10 +209,9 @@ async fn run_worker(worker: CommitWorker) {
     }
 }
 
-/// One batch: the first request for each id, and for each caller's idempotency key, goes
-/// into the transaction; repeats learn from its outcome where that settles theirs (after a
-/// delete the row is gone for them; the same key is a replay) and are tried alone after it
-/// where it does not.
+/// The first request for each id, and for each caller's key, goes into the transaction;
+/// repeats learn from its outcome where that settles theirs (the row gone; the same key a
+/// replay) and are tried alone after it where it does not.
 #[tracing::instrument(level = "debug", skip_all, fields(size))]
 async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
     let mut deletions: Vec<Deletion> = Vec::new();
@@ -311,8 +289,7 @@ async fn commit(worker: &CommitWorker, jobs: impl Iterator<Item = Job>) {
     }
 }
 
-/// What a repeat of `first` in the same batch is answered, given `first`'s outcome; `None`
-/// when that does not settle it and it must be tried alone.
+/// `None` when `first`'s outcome does not settle the repeat's: it must be tried alone.
 fn repeat_outcome(
     first: &Deletion,
     outcome: DeletionOutcome,
@@ -335,8 +312,7 @@ fn repeat_outcome(
     None
 }
 
-/// The job, unless its request is answered already (withdrawn, or its deadline passed):
-/// nothing is deleted for a caller that is no longer waiting.
+/// The job, unless its request is answered already (withdrawn, or its deadline passed).
 fn still_waited_for(job: Job) -> Option<Job> {
     if job.reply.is_closed() {
         return None;

@@ -1,22 +1,14 @@
-//! A request's deadline as the store sees it: what is left of it, and every database wait
-//! of a delete bounded by it, so that nothing commits after its request was answered 503.
-//!
-//! When does a delete give up? The HTTP layer sets the deadline to now plus
-//! `PLANTSTORE_REQUEST_TIMEOUT` (`src/http/front_door.rs`, `answer`) and answers 503 when it
-//! passes, dropping the request's work. Below it, every wait ends by the same instant:
-//! - queued: `Batcher::delete` waits for its batch; a request answered meanwhile is left
-//!   out of it, and one with less than `MIN_TIME_LEFT` is answered `TimedOut`
-//!   (`still_waited_for` in `batcher.rs`);
-//! - a batch waits by its earliest deadline (`earliest`) for everything: its connection
-//!   (`wait_until`; PostgreSQL's `Database::within`, SQLite's `WriteConnection::lock_by`),
-//!   and SQLite's busy wait for another process's write lock, which is bounded too;
-//! - its statements run under a limit set from what is left (`WaitLimit`, a statement's
-//!   share of it: PostgreSQL's `lock_timeout` and `statement_timeout`, set in its
-//!   `group_commit.rs`), and a deletion retried alone on a locked row gets limits for its
-//!   transaction only;
-//! - PostgreSQL's commit of a retried deletion is sent only while time is left
-//!   (`remaining` before `commit`). A commit already sent when the deadline falls may
-//!   still land; the audit table then has it.
+//! Every database wait of a delete bounded by its request's deadline, so that nothing
+//! commits after its request was answered 503. The HTTP layer sets the deadline
+//! (`PLANTSTORE_REQUEST_TIMEOUT`, `src/http/front_door.rs`, `answer`); below it:
+//! - queued: a request answered meanwhile is left out of its batch, one with less than
+//!   `MIN_TIME_LEFT` is answered `TimedOut` (`still_waited_for` in `batcher.rs`);
+//! - a batch waits by its `earliest` deadline for its connection (PostgreSQL's
+//!   `Database::within`, SQLite's `WriteConnection::lock_by`, its busy wait included);
+//! - its statements run under a `WaitLimit` (PostgreSQL's `lock_timeout` and
+//!   `statement_timeout`), per transaction for a deletion retried alone on a locked row;
+//! - PostgreSQL sends a retried deletion's commit only while time is left (`remaining`). A
+//!   commit already sent when the deadline falls may still land; the audit table has it.
 
 use std::{future::Future, time::Duration};
 
@@ -28,8 +20,8 @@ use plantstore_store::{Deletion, StoreError};
 /// cut every other request of the batch short too.
 const MIN_TIME_LEFT: Duration = Duration::from_millis(10);
 
-/// What is left until `deadline`; `StoreError::TimedOut` once (nearly) nothing is, so
-/// nothing is started for a request that has been, or is about to be, answered.
+/// `StoreError::TimedOut` once (nearly) nothing is left, so nothing is started for a
+/// request that has been, or is about to be, answered.
 pub fn remaining(deadline: Instant) -> Result<Duration, StoreError> {
     deadline
         .checked_duration_since(Instant::now())
@@ -37,8 +29,8 @@ pub fn remaining(deadline: Instant) -> Result<Duration, StoreError> {
         .ok_or(StoreError::TimedOut)
 }
 
-/// What a statement may take of what is left: 9/10, so that its answer still arrives, and
-/// is acted on, before the deadline. At least a millisecond (zero would mean no limit).
+/// 9/10 of what is left, so that a statement's answer still arrives, and is acted on, before
+/// the deadline. At least a millisecond (zero would mean no limit).
 pub fn statement_share(left: Duration) -> Duration {
     let millis = (left.saturating_mul(9) / 10).as_millis().max(1);
     Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX))
@@ -53,8 +45,8 @@ pub async fn wait_until<T>(
         .unwrap_or(Err(StoreError::TimedOut))
 }
 
-/// The earliest deadline in a batch: the batch commits for all of its requests, so none of
-/// its waits may outlast the first of them to be answered.
+/// A batch commits for all of its requests, so none of its waits may outlast the first of
+/// them to be answered.
 pub fn earliest(batch: &[Deletion]) -> Result<Instant, StoreError> {
     batch
         .iter()
@@ -70,12 +62,9 @@ pub fn earliest(batch: &[Deletion]) -> Result<Instant, StoreError> {
 pub struct WaitLimit(Option<Duration>);
 
 impl WaitLimit {
-    /// The limit to set before a statement that may wait at most `allowed`, or `None`
-    /// when the one in force serves: not beyond `allowed`, and at least 4/5 of it.
-    ///
-    /// A new limit is `statement_share(allowed)`: requests that queued up to about half a
-    /// second longer than the last ones still fit under it, so a steady stream sets it
-    /// once.
+    /// The limit to set before a statement that may wait at most `allowed`, or `None` when
+    /// the one in force serves: not beyond `allowed`, and at least 4/5 of it, so a steady
+    /// stream sets `statement_share(allowed)` once.
     pub fn limit_to_set(&mut self, allowed: Duration) -> Option<Duration> {
         match self.0 {
             Some(limit)
@@ -92,7 +81,7 @@ impl WaitLimit {
     }
 }
 
-/// A connection a writer keeps between batches, with the wait limit its session has.
+/// A connection a writer keeps between batches, with its session's wait limit.
 #[derive(Debug)]
 pub struct LimitedConnection<C> {
     pub conn: C,
@@ -100,7 +89,7 @@ pub struct LimitedConnection<C> {
 }
 
 impl<C> LimitedConnection<C> {
-    /// A connection whose session limit is not known: the first batch sets one.
+    /// The session's limit is not known: the first batch sets one.
     pub fn new(conn: C) -> Self {
         Self {
             conn,

@@ -27,9 +27,8 @@ impl<C> KeptConnections<C> {
             .and_then(Vec::pop)
     }
 
-    /// Keeps a connection that just served a batch, unless the store is closing. A
-    /// connection a batch failed on is not kept: both backends close it (its session may
-    /// hold a failed transaction or a wait limit no other query should inherit).
+    /// Unless the store is closing. Backends close, never keep, one a batch failed on: its
+    /// session may hold a failed transaction or a wait limit no other query should inherit.
     pub fn keep(&self, conn: C) {
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(kept) = kept.as_mut() {
@@ -37,8 +36,7 @@ impl<C> KeptConnections<C> {
         }
     }
 
-    /// Hands every kept connection back and keeps none from now on, so that closing the
-    /// pool does not wait for them.
+    /// Keeps none from now on, so that closing the pool does not wait for them.
     pub fn release_all(&self) {
         let released = self
             .kept

@@ -1,11 +1,6 @@
-//! The group commit, the service's core machinery under every delete: deletes that queue
-//! while a commit is in flight go out together in the next one, each request is told its
-//! own outcome, and no wait outlasts the request's deadline.
-//!
-//! `batcher.rs` decides what goes into each commit, and reads what a batch statement found
-//! into each deletion's outcome; a backend says how it commits one by implementing
-//! `BatchWriter` (each backend's `group_commit.rs`). `deadline.rs` bounds every wait and
-//! says where; `kept_connections.rs` keeps the writers' connections between batches.
+//! The group commit under every delete: deletes that queue while a commit is in flight go
+//! out together in the next one, each request is told its own outcome, and no wait outlasts
+//! the request's deadline. A backend commits through `BatchWriter` (its `group_commit.rs`).
 
 mod batcher;
 mod deadline;
