@@ -1,9 +1,6 @@
-//! The group commit on PostgreSQL: one statement per batch (one round trip), with the
-//! callers' idempotency keys locked first when a request carries one; the commit workers'
-//! kept connections, a deletion retried alone on a locked row, and word to the other
-//! instances after each commit that deleted. PostgreSQL's own limits on how long a
-//! statement may wait for a lock and run are set from a request's deadline: a statement cut
-//! off by them rolls back instead of committing after its request was answered 503.
+//! The group commit on PostgreSQL: one statement per batch (one round trip), and a deletion
+//! retried alone on a locked row. Lock and statement timeouts are set from the request's
+//! deadline, so a statement cut off rolls back instead of committing after a 503.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -22,16 +19,12 @@ use crate::{
     sync_replication::{barrier, replicated},
 };
 
-/// Commits the batches: each is one autocommit statement, so one round trip.
 pub(crate) struct PgBatchWriter {
     db: Database,
-    /// Connections the commit workers keep between batches (see `KeptConnections`); all
-    /// handed back at shutdown, so that closing the pool does not wait for them.
     pub(crate) kept: KeptConnections<WorkerConnection>,
     /// `PLANTSTORE_IDEMPOTENCY_TTL` in seconds, for `make_interval`.
     idempotency_ttl: f64,
-    /// Deletions waiting alone for a locked row may take only the connections the commit
-    /// workers do not need.
+    /// Lone retries may take only the connections the commit workers do not need.
     lone_retry_slots: Semaphore,
     announcer: Announcer,
 }
@@ -52,8 +45,7 @@ impl PgBatchWriter {
         }
     }
 
-    /// A lone retry's transaction on `conn`: every statement, and the commit, within the
-    /// deadline.
+    /// A lone retry's transaction: every statement, and the commit, within the deadline.
     async fn delete_limited(
         &self,
         conn: &mut PoolConnection<Postgres>,
@@ -101,9 +93,8 @@ impl BatchWriter for PgBatchWriter {
             Some(kept) => kept,
             None => LimitedConnection::new(self.db.within(deadline, self.db.conn()).await?),
         };
-        // Bounded here too, not only by the server's limits: a server that stopped
-        // answering (a host gone without a reset, a network cut) would hold the worker,
-        // and the request's answer, forever.
+        // Bounded here too, not only by the server's limits: a server that stopped answering
+        // (a host gone without a reset, a network cut) would hold the worker forever.
         let committed = self
             .db
             .within(deadline, async {
@@ -140,9 +131,8 @@ impl BatchWriter for PgBatchWriter {
         })
         .await?;
         // Waits for a locked row up to what the deadline leaves; a concurrent delete of the
-        // same row commits first and this one then finds nothing: one 204. With a key, the
-        // transaction first waits for any request holding the same key and looks for its
-        // entry.
+        // same row commits first and this one then finds nothing: one 204. With a key, it
+        // first waits for any request holding the same key.
         let mut conn = self.db.within(deadline, self.db.conn()).await?;
         let committed = self
             .db
@@ -158,8 +148,7 @@ impl BatchWriter for PgBatchWriter {
     }
 }
 
-/// The plant this caller's `key` deleted within the replay window (`idempotency_ttl`
-/// seconds), if it did.
+/// The plant this caller's `key` deleted within the replay window, if any.
 async fn earlier_use(
     db: &Database,
     conn: &mut PgConnection,
@@ -181,7 +170,7 @@ async fn earlier_use(
     .map_err(|err| db.error(err))
 }
 
-/// Deletes one plant, waiting for its row, and writes its audit row.
+/// Waits for the row if it is locked.
 async fn delete_row(
     db: &Database,
     conn: &mut PgConnection,
@@ -209,13 +198,12 @@ async fn delete_row(
     })
 }
 
-/// The advisory-lock class of idempotency keys (`pg_advisory_xact_lock(class, hash)`),
-/// so they cannot collide with an owner's own one-number advisory locks.
+/// So keys cannot collide with an owner's own one-number advisory locks.
 const KEY_LOCK_CLASS: i32 = 0x706c_6e74;
 
-/// Serialises, until the transaction ends, the requests of other instances that carry the
-/// same callers' keys, so that the key lookup after it sees their commits. Keys are locked
-/// in one order, so two batches never wait on each other.
+/// Serialises, until the transaction ends, other instances' requests with the same callers'
+/// keys, so the key lookup after it sees their commits. Locked in one order, so two batches
+/// never wait on each other.
 pub(crate) async fn lock_keys(
     db: &Database,
     conn: &mut PgConnection,
@@ -238,8 +226,7 @@ pub(crate) async fn lock_keys(
     Ok(())
 }
 
-/// What the batch statement found, per list: plants deleted, plants still present, and
-/// the batch positions (from 1) whose keys already deleted a plant, with that plant.
+/// `earlier_at`: batch positions (from 1) whose keys already deleted `earlier_plant`.
 struct BatchRow {
     deleted: Vec<i64>,
     present: Vec<i64>,
@@ -247,11 +234,8 @@ struct BatchRow {
     earlier_plant: Vec<i64>,
 }
 
-/// One batch: one statement, and so one round trip, unless a request carries an
-/// idempotency key; then the keys are locked first, in the same transaction.
-/// `idempotency_ttl`: the replay window in seconds. `deadline`: the batch's earliest; the
-/// session's limits bound each statement by it, and after waiting for keys the statement
-/// gets only what is left.
+/// One autocommit statement, unless a request carries a key: then the keys are locked first
+/// in one transaction, and the statement gets only what that wait left of `deadline`.
 pub(crate) async fn run(
     db: &Database,
     conn: &mut PgConnection,
@@ -276,7 +260,6 @@ pub(crate) async fn run(
         // Autocommit: the statement's answer is its commit's.
         replicated(db, statement(conn, batch, idempotency_ttl)).await?
     };
-    // Positions in the statement count from 1.
     let earlier: HashMap<usize, i64> = row
         .earlier_at
         .iter()
@@ -309,12 +292,10 @@ async fn statement(
     let callers: Vec<&str> = batch.iter().map(|d| d.caller.as_ref()).collect();
     let request_ids: Vec<&str> = batch.iter().map(|d| d.request_id.as_str()).collect();
     let keys: Vec<Option<&str>> = batch.iter().map(|d| d.idempotency_key.as_deref()).collect();
-    // `earlier`: the entries whose keys the same callers used within the replay
-    // window; those deletions do nothing now. Rows no other session holds are locked
-    // and deleted; `present` reads the statement's snapshot, taken before the delete.
-    // A row present but not deleted is held elsewhere (or was deleted by a commit after
-    // the snapshot): it is retried alone rather than waited for here. Casts keep the
-    // parameters BIGINT whatever the type of an existing `plants.id`.
+    // `earlier`: keys the same callers used within the replay window (those deletions do
+    // nothing now). `present` reads the snapshot from before the delete: a row present but
+    // not deleted is held elsewhere (or deleted by a later commit), and is retried alone
+    // rather than waited for. Casts keep parameters BIGINT whatever type `plants.id` has.
     sqlx::query_as!(
             BatchRow,
             r#"WITH batch AS (
@@ -365,12 +346,9 @@ async fn statement(
 
 type WorkerConnection = LimitedConnection<PoolConnection<Postgres>>;
 
-/// Bounds the session's lock and statement waits by what `deadline` leaves, when the
-/// limits in force do not already (see `WaitLimit::limit_to_set`): in a steady stream
-/// one statement per connection, not one per batch.
-///
-/// The limits stay with the session, so a worker's connection that fails is closed, never
-/// handed back to the pool where other queries would inherit them.
+/// Sets them only when those in force do not serve (`WaitLimit::limit_to_set`). They stay
+/// with the session, so a worker's connection that fails is closed, never handed back to the
+/// pool where other queries would inherit them.
 async fn limit_session(
     db: &Database,
     kept: &mut WorkerConnection,
@@ -386,9 +364,8 @@ async fn limit_session(
     remaining(deadline).map(drop)
 }
 
-/// Both limits set, for the rest of this transaction, to a statement's share of what
-/// `deadline` leaves now (sent with `BEGIN`, and again before a second waiting statement:
-/// each limit counts from its statement's start, so that one must not get the whole again).
+/// For the rest of the transaction; sent with `BEGIN`, and again before a second waiting
+/// statement: each limit counts from its statement's start, so it must not get the whole again.
 fn local_limits(deadline: Instant) -> Result<String, StoreError> {
     Ok(set_wait_limits(
         "SET LOCAL",
@@ -396,9 +373,7 @@ fn local_limits(deadline: Instant) -> Result<String, StoreError> {
     ))
 }
 
-/// `lock_timeout` and `statement_timeout` both set to `limit`, with `set` (`SET` for the
-/// session, `SET LOCAL` for the transaction), in whole milliseconds, at least one: zero
-/// would mean no limit at all.
+/// In whole milliseconds, at least one: zero would mean no limit at all.
 fn set_wait_limits(set: &str, limit: Duration) -> String {
     let millis = limit.as_millis().max(1);
     format!("{set} lock_timeout = {millis}; {set} statement_timeout = {millis}")
