@@ -1,8 +1,6 @@
 //! Commits announced between processes: a `NOTIFY` after this process's commits that
-//! deleted, and, while anyone here waits for commit news, a `LISTEN` that bumps that news
-//! when another process's commit is heard. A store's own announcements are not news to it:
-//! its commit already bumped its news, and hearing it again cost one more read of the log
-//! per burst (bench/JOURNAL.md, issue 41).
+//! deleted, and a `LISTEN` while anyone here waits for commit news. A store skips its own:
+//! hearing them again cost a read of the log per burst (bench/JOURNAL.md, issue 41).
 
 use std::{
     convert::Infallible,
@@ -19,15 +17,13 @@ use crate::database::Database;
 const CHANNEL: &str = "plantstore_events";
 /// The shortest time between two announcements: under load one stands for many commits.
 const GAP: Duration = Duration::from_millis(50);
-/// The wait before listening again after the connection could not be had.
 const RECONNECT_AFTER: Duration = Duration::from_secs(1);
 
-/// A store's mark on its announcements, so that its own listener tells them from the
-/// others': random, as two instances in two containers may have the same process id.
+/// Random, not the process id: two instances in two containers may have the same one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct AnnouncerId(pub(crate) Arc<str>);
 
-/// Announces this process's commits to the others. The task ends with the announcer.
+/// The task ends with the announcer.
 pub(crate) struct Announcer(mpsc::Sender<()>);
 
 impl Announcer {
@@ -51,9 +47,8 @@ impl Announcer {
     }
 }
 
-/// A transaction of its own, apart from the deletes' batch: a notifying commit holds a
-/// database-wide lock through its WAL flush, which would serialize the commit workers. Nor
-/// does it wait for a flush (`set_config` local to this statement's transaction): a
+/// Apart from the deletes' batch: a notifying commit holds a database-wide lock through its
+/// WAL flush, which would serialize the commit workers. Nor does it wait for a flush: a
 /// notification lost in a crash costs one poll.
 async fn notify(db: &Database, id: &AnnouncerId) -> Result<(), StoreError> {
     sqlx::query!(
@@ -67,9 +62,8 @@ async fn notify(db: &Database, id: &AnnouncerId) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Announces within a transaction, as it commits: for rare commits made where no delivery
-/// runs to be woken in-process, such as a restore from the command line. Signed `id` like
-/// every announcement, so a store that listens skips its own.
+/// Within a transaction, as it commits: for rare commits where no delivery runs to be woken
+/// in-process, such as a restore from the command line.
 pub(crate) async fn announce_in(
     conn: &mut PgConnection,
     id: &AnnouncerId,
@@ -80,8 +74,6 @@ pub(crate) async fn announce_in(
     Ok(())
 }
 
-/// Whether a task listens for the other processes' commits now, and the announcements it
-/// skips as this store's own.
 #[derive(Debug)]
 pub(crate) struct Listening {
     running: Arc<Mutex<bool>>,
@@ -96,8 +88,7 @@ impl Listening {
         }
     }
 
-    /// Listens, unless a task does already, for as long as `news` has receivers: call it
-    /// after subscribing.
+    /// For as long as `news` has receivers: call it after subscribing.
     pub(crate) fn start_unless_running(&self, pool: &PgPool, news: &CommitNews) {
         let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         if !*running {
@@ -143,8 +134,7 @@ async fn keep_listening(
     }
 }
 
-/// Bumps `news` at every notification but `own`'s; returns only with the error that ended
-/// listening.
+/// Returns only with the error that ended listening.
 async fn listen(
     pool: &PgPool,
     news: &CommitNews,
@@ -153,8 +143,7 @@ async fn listen(
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(CHANNEL).await?;
     loop {
-        // Listening anew, or again after a lost connection: whatever was announced in
-        // between went unheard, so every reader reads once.
+        // Anew, or after a lost connection: what was announced meanwhile went unheard.
         news.bump();
         while let Some(notification) = listener.try_recv().await? {
             if notification.payload() != &*own.0 {

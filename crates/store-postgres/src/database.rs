@@ -1,7 +1,6 @@
-//! The one door to the database: the pool and where its new connections go (failover).
-//! Every query gets its connection with `Database::conn` and sorts its errors with
-//! `Database::error`, and both tell failover about a database that stopped serving, so no
-//! query can leave failover out. Errors are sorted by kind and SQLSTATE, never by text.
+//! The one door to the database: every query gets its connection with `Database::conn` and
+//! sorts its errors with `Database::error`, and both tell failover of a database that stopped
+//! serving, so no query can leave failover out. Errors are sorted by SQLSTATE, never by text.
 
 use std::{future::Future, sync::Arc};
 
@@ -19,33 +18,28 @@ use crate::{
     hosts::HostList,
 };
 
-/// Every connection of the service carries it: deletion events are read up to the oldest
-/// transaction of these sessions only (`webhooks::read_events`), since only they write the
-/// log.
+/// Events are read up to the oldest transaction of these sessions only (`read_events`),
+/// since only they write the log.
 pub(crate) const APPLICATION_NAME: &str = "plantstore";
 
-/// SQLSTATE classes and codes after which the same request may well succeed later:
-/// connection exceptions, insufficient resources, operator intervention (shutdowns,
-/// `cannot_connect_now`), the serialization failures a retry resolves, and a server that
-/// will not take writes now (`read_only_sql_transaction`: in recovery, or read-only after a
-/// failover). Whatever fails while a connection is being got or opened is unavailable too,
-/// whatever its code (see `conn`).
+/// After which the same request may well succeed later: connection exceptions, insufficient
+/// resources, operator intervention (shutdowns), serialization failures and deadlocks, and
+/// `read_only_sql_transaction` (in recovery, or after a failover).
 const TRANSIENT_CLASSES: [&str; 3] = ["08", "53", "57P"];
 const TRANSIENT_CODES: [&str; 3] = ["25006", "40001", "40P01"];
-/// What the limits set from a request's deadline raise (`group_commit.rs`): lock_not_available
-/// (`lock_timeout`) and query_canceled (`statement_timeout`, or a DBA's cancel).
+/// lock_not_available (`lock_timeout`) and query_canceled (`statement_timeout`, or a DBA's
+/// cancel), raised by the limits set from a request's deadline.
 const DEADLINE_CODES: [&str; 2] = ["55P03", "57014"];
 
 #[derive(Clone)]
 pub(crate) struct Database {
-    /// For what takes a pool itself: the migrator, the listener, the pool's figures.
+    /// Only for what takes a pool itself: the migrator, the listener, the pool's figures.
     pub(crate) pool: PgPool,
     failover: Arc<Failover>,
 }
 
 impl Database {
-    /// With several hosts, the first in order that satisfies `target_session_attrs` is
-    /// used.
+    /// With several hosts, the first in order that satisfies `target_session_attrs`.
     pub(crate) async fn open(url: &str, settings: &StoreSettings) -> Result<Self, StoreError> {
         let mut list = HostList::parse(url).map_err(|err| {
             StoreError::Config(format!(
@@ -66,9 +60,8 @@ impl Database {
             // A dead connection fails its statement and is dropped; a ping before every
             // use would add a round trip to each request to find that out sooner.
             .test_before_acquire(false)
-            // Except for connections idle since the database last gave trouble: a restart
-            // or a cut network leaves them dead, and each would cost a request a 503 after
-            // the database is back. One ping finds out first; a dead one is dropped.
+            // Except those idle since the database last gave trouble: a restart or a cut
+            // network leaves them dead, each a 503 once it is back. One ping finds out first.
             .before_acquire(move |conn, meta| {
                 let suspect = troubles.troubled_within(meta.idle_for);
                 Box::pin(async move { Ok(!suspect || conn.ping().await.is_ok()) })
@@ -87,9 +80,8 @@ impl Database {
         Ok(Self { pool, failover })
     }
 
-    /// A connection from the pool; failing to get one (refused, database gone, password
-    /// rotated, too many clients, TLS refused, pool exhausted) means the database cannot
-    /// serve now, whatever the code.
+    /// Failing to get one (refused, database gone, password rotated, too many clients, TLS
+    /// refused, pool exhausted) means the database cannot serve now, whatever the code.
     pub(crate) async fn conn(&self) -> Result<PoolConnection<Postgres>, StoreError> {
         self.pool
             .acquire()
@@ -97,8 +89,6 @@ impl Database {
             .map_err(|err| self.report_to_failover(StoreError::Unavailable(Arc::new(err))))
     }
 
-    /// A connection for statements whose caller may stop waiting mid-way (see
-    /// `Interruptible`).
     pub(crate) async fn interruptible_conn(&self) -> Result<Interruptible, StoreError> {
         Ok(Interruptible {
             conn: self.conn().await?,
@@ -122,28 +112,23 @@ impl Database {
             .map_err(|err| self.report_to_failover(err))
     }
 
-    /// How many hosts the URL names.
     pub(crate) fn hosts(&self) -> usize {
         self.failover.hosts()
     }
 
-    /// Times new connections moved to another host since start.
     pub(crate) fn host_changes(&self) -> u64 {
         self.failover.host_changes()
     }
 
-    /// `err`, after failover heard of it (it searches the hosts again when the database
-    /// is unavailable, read-only or too slow).
     pub(crate) fn report_to_failover(&self, err: StoreError) -> StoreError {
         self.failover.notice(&err);
         err
     }
 }
 
-/// A connection whose statement may be dropped unfinished (a stopping service stops
-/// waiting for a standby that does not answer): then closed, not handed back to the pool,
-/// where its next user, and the pool's close at shutdown, would wait for that statement.
-/// Handed back as usual once `finished`.
+/// A connection whose statement may be dropped unfinished (a stopping service stops waiting
+/// for a standby that does not answer): closed then, not handed back to the pool, where its
+/// next user and the pool's close would wait for that statement. Handed back once `finished`.
 pub(crate) struct Interruptible {
     conn: PoolConnection<Postgres>,
     finished: bool,
@@ -185,12 +170,10 @@ fn classify(err: sqlx::Error) -> StoreError {
     })
 }
 
-/// The batch statement takes arrays, for which the planner never trusts a generic plan,
-/// so by default it is planned anew on every execution, which costs more than the delete
-/// itself (bench/JOURNAL.md, "Figures moved out of code comments"). The service's statements
-/// are point lookups by key, which a generic plan serves as well, and the log's prune, whose
-/// batch size is written into it for that reason (`PRUNE_BATCH`). A server too old to
-/// know the setting (before 12) keeps planning each time; nothing else changes.
+/// The planner never trusts a generic plan for the batch statement's arrays, and planning it
+/// anew each time costs more than the delete (bench/JOURNAL.md, "Figures moved out of code
+/// comments"). The other statements are point lookups, which a generic plan serves as well,
+/// and the prune (see `PRUNE_BATCH`). A server before 12 plans each time; nothing else changes.
 async fn prefer_generic_plans(conn: &mut sqlx::PgConnection) -> Result<(), sqlx::Error> {
     use sqlx::Executor;
     if let Err(err) = conn

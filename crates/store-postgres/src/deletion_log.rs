@@ -106,8 +106,7 @@ impl DeletionLog for PostgresStore {
     #[tracing::instrument(skip(self))]
     async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
-        // restore.
-        // `LIMIT 500` is PRUNE_BATCH, spelt as a literal for the reason given there.
+        // restore. `LIMIT 500` is `PRUNE_BATCH`, spelt as a literal for the reason given there.
         let done = sqlx::query!(
             "DELETE FROM plantstore_deletions WHERE id IN (
              SELECT d.id FROM plantstore_deletions d

@@ -1,6 +1,5 @@
-//! Deletion events on PostgreSQL: destinations, their leases, and the log's events read in
-//! commit order, `(xid, kind, id)`, up to the oldest transaction of the service's own
-//! sessions still running.
+//! Deletion events on PostgreSQL: the log's events are read in commit order, `(xid, kind,
+//! id)`, up to the oldest transaction of the service's own sessions still running.
 
 use std::time::Duration;
 
@@ -202,15 +201,11 @@ impl Destinations for PostgresStore {
 
     #[tracing::instrument(level = "debug", skip(self))]
     async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError> {
-        // The horizon: the oldest transaction running in this statement's snapshot, leaving
-        // out those that pg_stat_activity shows in a session of another application (only
-        // the service's sessions write the log, so another application's long transaction,
-        // in any database of the server, holds no event back). Every other transaction below
-        // it had ended when the snapshot was taken, so its entries are visible here, and none
-        // can still commit behind what is read. A running transaction not found there (it
-        // ended meanwhile, or is prepared) still counts: only a stall, never a skip, comes of
-        // doubt. Each kind is read in its index's order and cut at `limit`, so a read costs
-        // what it returns, not the whole backlog.
+        // The horizon: the oldest transaction running in this statement's snapshot, but for
+        // those pg_stat_activity shows in another application's session (only the service
+        // writes the log). None below it can still commit behind what is read; one not found
+        // there (ended meanwhile, prepared) still counts: doubt only stalls, never skips. Each
+        // kind is cut at `limit` in its index's order, so a read costs what it returns.
         let (deletes_xid, deletes_id) = after.after_for(EventKind::PlantDeleted);
         let (restores_xid, restores_id) = after.after_for(EventKind::PlantRestored);
         let mut conn = self.db.interruptible_conn().await?;
@@ -264,10 +259,9 @@ impl Destinations for PostgresStore {
             .into_iter()
             .map(Event::try_from)
             .collect::<Result<Vec<_>, _>>()?;
-        // An entry the read saw may be one whose commit's wait for the synchronous
-        // standbys was cut short, and a failover would take it back: nothing is sent
-        // before the barrier, on the same connection (so the same server), says the
-        // standbys hold it. A caller that stops waiting closes the connection.
+        // An entry read may be one whose wait for the synchronous standbys was cut short: it
+        // is sent only once the barrier, on the same connection (so server), says they hold
+        // it. A caller that stops waiting closes the connection.
         #[cfg(not(feature = "negative-control"))]
         if !events.is_empty() {
             crate::sync_replication::barrier(&self.db, conn.conn()).await?;

@@ -1,11 +1,6 @@
-//! A highly available server named by several hosts: which host new connections go to,
-//! and moving them, without a restart, when it fails or stops taking writes (a failover).
-//!
-//! Hosts are tried in the URL's order and only one that satisfies `target_session_attrs`
-//! is used, as libpq does. Every new connection is checked again (`fits`), so none lands on
-//! a demoted server; when a request finds the database unavailable or read-only, or gets
-//! no answer in time, the list is searched again in the background and the pool told the
-//! host it found.
+//! Which of several hosts new connections go to, moved without a restart when it fails or
+//! stops taking writes (docs/existing-database.md). Every new connection is checked again
+//! (`fits`), so none lands on a demoted server.
 
 use std::{
     sync::{
@@ -28,14 +23,13 @@ const SEARCH_PAUSE: Duration = Duration::from_millis(200);
 
 pub(crate) struct Failover {
     list: HostList,
-    /// How long one host may take to accept a connection and answer the check.
+    /// For one host to accept a connection and answer the check.
     probe_wait: Duration,
     /// The pool whose new connections this steers; set once it exists.
     pool: OnceLock<PgPool>,
     /// Index in `list` of the host new connections go to.
     current: AtomicUsize,
     searching: AtomicBool,
-    /// Times `current` moved, for `/metrics`.
     changes: AtomicU64,
     /// When a request last found the database unavailable, read-only or too slow.
     last_trouble: Mutex<Option<Instant>>,
@@ -58,13 +52,11 @@ impl Failover {
         self.list.hosts.len()
     }
 
-    /// Times new connections were moved to another host since start.
     pub(crate) fn host_changes(&self) -> u64 {
         self.changes.load(Ordering::Relaxed)
     }
 
-    /// The first host, in order, that accepts a connection and satisfies the attrs; with
-    /// none, why: one host's own error, or each host of a list with its reason.
+    /// The first host, in order, that accepts a connection and fits; else each host's reason.
     pub(crate) async fn find(&self) -> Result<(usize, PgConnectOptions), StoreError> {
         let mut failures = Vec::new();
         for (index, host) in self.list.hosts.iter().enumerate() {
@@ -110,15 +102,11 @@ impl Failover {
         let _ = self.pool.set(pool);
     }
 
-    /// Searches the hosts again in the background, unless a search is under way, when
-    /// `err` says the database is unavailable, takes no writes, or did not answer in time;
-    /// new connections then go to the host it finds. A host that went away without a reset,
-    /// or whose new connections hang, shows only as work that runs out of time, and a
-    /// search costs one probe per `SEARCH_PAUSE` at most. Every caller's failure counts,
-    /// not only a delete's: a request may meet the database first in the token table's
-    /// reload, and fail there for as long as nothing moves. One host alone has nowhere
-    /// else to go, but its connections idle since are still checked before use
-    /// (`troubled_within`).
+    /// Searches the hosts again in the background when `err` says the database is
+    /// unavailable, takes no writes, or did not answer in time (a host gone without a reset
+    /// shows only so). Every caller's failure counts, not only a delete's: a request may
+    /// meet the database first in the token reload, and fail there while nothing moves. One
+    /// host alone is not searched, but its idle connections are checked (`troubled_within`).
     pub(crate) fn notice(self: &Arc<Self>, err: &StoreError) {
         let suspect = matches!(
             err,
@@ -153,8 +141,7 @@ impl Failover {
         });
     }
 
-    /// Whether the database gave trouble within the last `idle_for`: a connection idle that
-    /// long may have been cut meanwhile (a restart, a network gone).
+    /// A connection idle that long may have been cut meanwhile (a restart, a network gone).
     pub(crate) fn troubled_within(&self, idle_for: Duration) -> bool {
         self.last_trouble
             .lock()
@@ -164,8 +151,7 @@ impl Failover {
     }
 }
 
-/// Whether a new connection's server satisfies `attrs`; an error (that the pool drops the
-/// connection for) when it does not.
+/// An error (the pool drops the connection for it) when the server does not satisfy `attrs`.
 pub(crate) async fn fits(conn: &mut PgConnection, attrs: SessionAttrs) -> Result<(), sqlx::Error> {
     let fits = match attrs {
         SessionAttrs::Any => return Ok(()),

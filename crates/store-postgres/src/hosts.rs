@@ -1,7 +1,5 @@
-//! libpq's way of naming a highly available server: several hosts in one URL,
-//! `postgres://app@db1:5432,db2:5432/shop?target_session_attrs=read-write` (what
-//! `pg_autoctl show uri` prints), read into one set of connect options per host. sqlx
-//! reads one host only, so the list is split here and each host's URL given to sqlx.
+//! libpq's several hosts in one URL (what `pg_autoctl show uri` prints), read into one set
+//! of connect options per host: sqlx reads one host only.
 
 use std::str::FromStr;
 
@@ -21,7 +19,6 @@ pub(crate) enum SessionAttrs {
     Primary,
 }
 
-/// One host of the list: what logs name it by, and how to reach it.
 #[derive(Debug, Clone)]
 pub(crate) struct Host {
     /// `host:port` (or the socket folder), never with credentials.
@@ -29,7 +26,6 @@ pub(crate) struct Host {
     pub(crate) options: PgConnectOptions,
 }
 
-/// Every host of the URL, in its order, and which of them may be used.
 #[derive(Debug, Clone)]
 pub(crate) struct HostList {
     pub(crate) hosts: Vec<Host>,
@@ -45,7 +41,7 @@ enum Address {
 }
 
 impl HostList {
-    /// Why a URL is not one is a sentence that never repeats the URL (it may hold a password).
+    /// The error never repeats the URL: it may hold a password.
     pub(crate) fn parse(url: &str) -> Result<Self, String> {
         let (scheme, rest) = url
             .split_once("://")

@@ -1,6 +1,5 @@
 //! The storage interface on PostgreSQL, over TLS (rustls) when the URL asks for it.
-//! This file connects and serves `Store`; `deletion_log.rs`, `tokens.rs` and
-//! `destinations.rs` each implement their trait. Every query goes through `Database`.
+//! Every query goes through `Database`.
 
 mod announcements;
 mod database;
@@ -35,7 +34,6 @@ pub struct PostgresStore {
     news: CommitNews,
     /// What this store's announcements carry, so its own listener skips them.
     announcer: AnnouncerId,
-    /// Whether other processes' commits are listened for now.
     listening: Arc<Listening>,
 }
 
@@ -57,9 +55,8 @@ impl PostgresStore {
             ));
         }
         let db = Database::open(url, &settings).await?;
-        // Group commits in flight, each on its own connection. Two let one batch execute
-        // while the other waits for its WAL flush; more workers made smaller batches and
-        // cost more CPU per delete in the benchmark (bench/JOURNAL.md).
+        // Two commit workers let one batch execute while the other waits for its WAL flush;
+        // more made smaller batches and cost more CPU per delete (bench/JOURNAL.md).
         let workers = (settings.max_connections / 4).clamp(1, 2) as usize;
         let lone_retries = (settings.max_connections as usize)
             .saturating_sub(workers)

@@ -1,27 +1,20 @@
-//! Commits the synchronous standbys hold. PostgreSQL tells a client "committed" only once
-//! the standbys named in `synchronous_standby_names` have the commit, with one exception:
-//! when the wait is cancelled (`pg_cancel_backend`, a pooler's query timeout, a
-//! `statement_timeout`), the commit is answered as a success carrying a WARNING, though
-//! the standbys may lack it and a failover would take it back. That WARNING is the only
-//! sign, so every commit whose answer a user or a receiver is told of runs through
-//! `replicated`, which turns it into `StoreError::NotReplicated`.
+//! Commits the synchronous standbys hold (docs/operations.md, "PostgreSQL with synchronous
+//! standbys"). A commit whose wait for them is cancelled is answered as a success with a
+//! WARNING, the only sign that a failover may take it back; every commit a user or a
+//! receiver is told of runs through `replicated`, which turns it into `NotReplicated`.
 //!
 //! Why this sees every such WARNING, whatever subscriber the application installed:
-//! - sqlx decodes a notice only in `PgStream::recv`, while the future that awaits the
-//!   statement is polled; the statement futures (`fetch_*`, `execute`, `commit`) read up to
-//!   the statement's `ReadyForQuery` before they resolve, and PostgreSQL sends the WARNING
-//!   before it, so it is decoded inside one of the polls of that future, on the polling
-//!   thread;
-//! - sqlx then emits a tracing event, target `sqlx::postgres::notice`, level WARN, to the
-//!   thread's current dispatcher, which for each of those polls is `NoticeWatch`
-//!   (`dispatcher::with_default`). It is one dispatcher, made once and never dropped, so
-//!   tracing asks it about every callsite: the notice's callsites stay enabled at WARN
+//! - sqlx decodes a notice only in `PgStream::recv`, and the statement futures read up to
+//!   `ReadyForQuery`, which the WARNING precedes, before they resolve: so it is decoded inside
+//!   a poll of that future, on the polling thread;
+//! - sqlx then emits a WARN event, target `sqlx::postgres::notice`, to the thread's current
+//!   dispatcher, during those polls `NoticeWatch` (`dispatcher::with_default`): made once and
+//!   never dropped, tracing asks it about every callsite, so the notice's stay enabled at WARN
 //!   whatever the application's filter says.
 //!
-//! The severity is the signal, not the text: PostgreSQL gives this WARNING the generic
-//! SQLSTATE 01000, and a commit has no other WARNING to give, so any WARNING (or worse)
-//! on a commit's answer is a commit we cannot vouch for. Every other event during those
-//! polls goes on to the dispatcher that was current, so the log is as it was.
+//! The severity is the signal, not the text: the WARNING's SQLSTATE is the generic 01000, and
+//! a commit has no other WARNING to give. Every other event during those polls goes on to
+//! the dispatcher that was current, so the log is as it was.
 
 use std::{
     cell::{Cell, RefCell},
@@ -41,11 +34,9 @@ use tracing::{
 
 use crate::database::Database;
 
-/// Where sqlx logs the notices a server sends.
 const NOTICE_TARGET: &str = "sqlx::postgres::notice";
 
-/// Runs `statement`, whose success is a commit, and returns its result unless the answer
-/// carried a WARNING (then `StoreError::NotReplicated`). Errors are sorted by `db`.
+/// `statement`'s success is a commit; `NotReplicated` if its answer carried a WARNING.
 pub(crate) async fn replicated<T>(
     db: &Database,
     statement: impl Future<Output = Result<T, sqlx::Error>>,
@@ -59,14 +50,10 @@ pub(crate) async fn replicated<T>(
     Ok(value)
 }
 
-/// Waits until the synchronous standbys hold every commit this session has seen: commits
-/// a transactional logical message on `conn` (WAL and a transaction id, so its commit
-/// waits for them as the session's `synchronous_commit` says; no row locked, no table
-/// grown; any role may emit one, at any `wal_level`). A standby receives and flushes WAL in
-/// order, so once it holds this commit it holds every commit seen before it on this
-/// server. For what the service tells of a commit it did not make itself: an event read
-/// from the log, a replayed `204`, each of which may have become visible before the
-/// standbys had it (crash recovery, a cancelled or terminated wait).
+/// Waits until the synchronous standbys hold every commit this session has seen: commits a
+/// transactional logical message (it waits as `synchronous_commit` says; no row locked, no
+/// table grown, any role, any `wal_level`), and a standby flushes WAL in order. For commits
+/// the service vouches for but did not make (an event read, a replayed `204`).
 pub(crate) async fn barrier(db: &Database, conn: &mut PgConnection) -> Result<(), StoreError> {
     replicated(
         db,
@@ -77,8 +64,7 @@ pub(crate) async fn barrier(db: &Database, conn: &mut PgConnection) -> Result<()
     .map(drop)
 }
 
-/// Whether this build can see the notices at all: a `tracing` built with a static
-/// maximum level below WARN (its `max_level_error` feature) would hide them.
+/// A `tracing` built with a static maximum level below WARN (`max_level_error`) hides them.
 pub(crate) fn notices_visible() -> bool {
     STATIC_MAX_LEVEL >= LevelFilter::WARN
 }
@@ -104,7 +90,7 @@ async fn watching_notices<T>(statement: impl Future<Output = T>) -> (T, bool) {
 }
 
 thread_local! {
-    /// The dispatcher that was current when the watched poll began, for every other event.
+    /// Current when the watched poll began, for every other event.
     static OUTER: RefCell<Option<Dispatch>> = const { RefCell::new(None) };
     /// Set when a notice of WARNING or worse came during the watched poll.
     static WARNED: Cell<bool> = const { Cell::new(false) };
@@ -116,16 +102,14 @@ static WATCH: LazyLock<Dispatch> = LazyLock::new(|| {
     Dispatch::new(NoticeWatch)
 });
 
-/// Never current, only registered. While at most one dispatcher was ever made,
-/// tracing-core asks the current thread's dispatcher, not the list of them, about a
-/// callsite met for the first time. In a process with no global subscriber (a test, a
-/// command), a notice first met outside a watched statement (a WARNING on a connection
-/// that a crash ends) would then be disabled for good, and missed inside one.
+/// Never current, only registered: while at most one dispatcher was ever made, tracing-core
+/// asks the current thread's about a callsite met first. With no global subscriber (a test, a
+/// command), a notice first met outside a watched statement (on a connection a crash ends)
+/// would then be disabled for good, and missed inside one.
 static SECOND: LazyLock<Dispatch> = LazyLock::new(|| Dispatch::new(NoticeWatch));
 
-/// The dispatcher of the watched polls: it notes the notices and forwards every event to
-/// the dispatcher that was current. Spans are not made while it is current (none are
-/// opened inside a statement).
+/// Notes the notices and forwards every event to the dispatcher that was current. Spans are
+/// not made while it is current (none are opened inside a statement).
 struct NoticeWatch;
 
 fn is_warning_notice(metadata: &Metadata<'_>) -> bool {
@@ -188,8 +172,7 @@ mod tests {
         assert!(notices_visible());
     }
 
-    /// The event as sqlx emits it, with no subscriber of the test's own: seen when it is a
-    /// WARNING or worse, not when it is a NOTICE, and only inside the watched future.
+    /// The event as sqlx emits it, with no subscriber of the test's own.
     #[tokio::test]
     async fn a_warning_notice_inside_the_statement_is_seen() {
         let warn = async { tracing::event!(target: NOTICE_TARGET, Level::WARN, message = "x") };
@@ -208,8 +191,6 @@ mod tests {
         tracing::event!(target: NOTICE_TARGET, Level::WARN, message = "x");
     }
 
-    /// The notice's callsite met first outside a watched statement, as on a connection a
-    /// crash ends, is still seen inside one.
     #[tokio::test]
     async fn a_notice_first_met_outside_a_watch_is_still_seen_inside_one() {
         LazyLock::force(&WATCH);
