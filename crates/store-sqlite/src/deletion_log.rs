@@ -55,9 +55,8 @@ impl DeletionLog for SqliteStore {
     async fn prune_deletions(&self, before: DateTime<Utc>) -> Result<u64, StoreError> {
         // An entry stays while an endpoint not disabled has yet to receive its delete or its
         // restore. While any endpoint exists, the newest entry and the latest restored stay
-        // too: a new row gets the highest id plus one, a new restore the highest restored_seq
-        // plus one, and either going back would put new events behind the endpoints' cursors.
-        // `LIMIT 500` is PRUNE_BATCH, spelt as a literal for the reason given there.
+        // too: new ids and restored_seqs follow the highest, and going back would put new
+        // events behind the cursors. `LIMIT 500` is `PRUNE_BATCH` (the reason is given there).
         let done = sqlx::query!(
             "DELETE FROM plantstore_deletions WHERE id IN (
              SELECT d.id FROM plantstore_deletions AS d
@@ -139,8 +138,7 @@ impl DeletionLog for SqliteStore {
     }
 }
 
-/// Puts the snapshot of log entry `entry` back into `plants` and marks the entry
-/// restored, in one transaction on the write connection; every refusal leaves both as they were.
+/// Every refusal leaves `plants` and the entry as they were.
 async fn restore_entry(
     conn: &mut SqliteConnection,
     entry: i64,

@@ -1,7 +1,6 @@
-//! Deletion events on SQLite: destinations, their leases, and the log's events in order.
-//! One writer commits at a time and ids are given inside its write, so a delete's place in
-//! the log's order
-//! is its id and a restore's the highest id when it committed, then its restored_seq.
+//! Deletion events on SQLite. One writer commits at a time and ids are given inside its
+//! write, so a delete's place in the log's order is its id, and a restore's the highest id
+//! when it committed, then its restored_seq.
 
 use std::time::Duration;
 
@@ -205,8 +204,7 @@ impl Destinations for SqliteStore {
         rows.into_iter().map(Lease::try_from).collect()
     }
 
-    /// Each kind is read in its own index's order and cut at the limit, so a read costs
-    /// what it returns, not the whole backlog.
+    /// Each kind is cut at the limit in its index's order, so a read costs what it returns.
     #[tracing::instrument(level = "debug", skip(self))]
     async fn read_events(&self, after: LogPosition, limit: i64) -> Result<Vec<Event>, StoreError> {
         let (deletes_pos, deletes_id) = after.after_for(EventKind::PlantDeleted);
@@ -308,8 +306,7 @@ impl Destinations for SqliteStore {
             return Ok(false);
         }
         if !report.stored.is_empty() {
-            // A JSON array of arrays for json_each: only integers go in, so nothing needs
-            // escaping.
+            // Only integers go into this JSON, so nothing needs escaping.
             let rows: Vec<String> = report
                 .stored
                 .iter()

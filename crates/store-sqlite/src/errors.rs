@@ -1,5 +1,4 @@
-//! Which SQLite failures are worth a retry: driver errors sorted by kind and result code,
-//! never by message text.
+//! Which SQLite failures are worth a retry: by kind and result code, never by message text.
 
 use plantstore_store::StoreError;
 
@@ -23,7 +22,6 @@ pub(crate) fn is_busy(err: &StoreError) -> bool {
     cause.as_database_error().and_then(primary_code) == Some(SQLITE_BUSY)
 }
 
-/// The primary result code: the low byte of the extended one.
 fn primary_code(db: &(impl sqlx::error::DatabaseError + ?Sized)) -> Option<i32> {
     Some(db.code()?.parse::<i32>().ok()? & 0xff)
 }

@@ -1,5 +1,4 @@
-//! The group commit on SQLite: one transaction on the write connection per batch, the plants'
-//! snapshots and audit rows written with the delete.
+//! The group commit on SQLite: one transaction on the write connection per batch.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -17,12 +16,11 @@ use sqlx::{AssertSqlSafe, Connection, SqliteConnection};
 
 use crate::{WriteConnection, errors::classify, snapshot};
 
-/// Commits the batches on the write connection: one transaction, two statements (three
-/// when a request carries an idempotency key).
+/// Two statements per batch, three when a request carries an idempotency key.
 pub(crate) struct SqliteBatchWriter {
     connection: Arc<WriteConnection>,
     idempotency_ttl: Duration,
-    /// The snapshot statement, built from the columns of `plants` at the first delete.
+    /// Built from the columns of `plants` at the first delete.
     delete_statement: tokio::sync::OnceCell<String>,
 }
 
@@ -46,7 +44,6 @@ impl BatchWriter for SqliteBatchWriter {
             .delete_statement
             .get_or_try_init(|| snapshot::delete_statement(&mut *conn))
             .await?;
-        // The replay window of idempotency keys opens this long ago.
         let since = before_now(self.idempotency_ttl).unwrap_or(DateTime::<Utc>::MIN_UTC);
         match commit_batch(conn, delete_statement, since, batch).await {
             Ok(outcomes) => Ok(outcomes),
@@ -64,8 +61,6 @@ impl BatchWriter for SqliteBatchWriter {
     }
 }
 
-/// One batch on the writer: which keys already deleted a plant, then the delete and the
-/// audit rows, in one transaction.
 async fn commit_batch(
     conn: &mut SqliteConnection,
     delete_statement: &str,
@@ -95,7 +90,6 @@ async fn commit_batch(
             .collect();
     let outcomes = BatchResult {
         removed: deleted.keys().copied().collect(),
-        // SQLite has no row locks: nothing is held by another session.
         present: HashSet::new(),
         earlier,
     }
@@ -135,8 +129,8 @@ async fn commit_batch(
     Ok(outcomes)
 }
 
-/// For each deletion of `batch` whose caller used its idempotency key since `since`: its
-/// position, and the plant that key deleted. No statement when no deletion has a key.
+/// Batch positions whose caller used its key since `since`, and the plant it deleted. No
+/// statement when no deletion has a key.
 async fn earlier_deletions(
     conn: &mut SqliteConnection,
     since: DateTime<Utc>,
@@ -173,8 +167,7 @@ async fn earlier_deletions(
         .collect())
 }
 
-/// One audit row as the insert reads it from JSON: plant id, caller, request id,
-/// idempotency key, snapshot.
+/// Plant id, caller, request id, idempotency key, snapshot.
 type AuditRow<'a> = (i64, &'a str, &'a str, Option<&'a str>, Option<&'a String>);
 
 /// Batches travel as JSON arrays: SQLite has no array parameters, and `json_each` keeps

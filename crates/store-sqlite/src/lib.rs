@@ -1,7 +1,5 @@
-//! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced,
-//! one write connection and a pool of readers. This file connects, holds the write
-//! connection and serves `Store`; `deletion_log.rs`, `tokens.rs` and `destinations.rs` each
-//! implement their trait.
+//! The storage interface on an SQLite file: WAL, foreign keys on, every commit synced, one
+//! write connection and a pool of readers.
 
 mod deletion_log;
 mod destinations;
@@ -43,8 +41,7 @@ pub struct SqliteStore {
     news: CommitNews,
 }
 
-/// The connection settings of the service, also used by the benchmark's raw SQLite loop
-/// so that both pay for exactly the same durability.
+/// Also used by the benchmark's raw SQLite loop, so that both pay for the same durability.
 pub fn connect_options(
     url: &str,
     settings: &StoreSettings,
@@ -61,8 +58,7 @@ pub fn connect_options(
         .busy_timeout(settings.acquire_timeout))
 }
 
-/// The file a SQLite URL names, made absolute, when it does not exist (an in-memory
-/// database always does).
+/// The file a SQLite URL names, made absolute, when it does not exist (in-memory always does).
 pub fn missing_file(url: &str) -> Option<std::path::PathBuf> {
     let options = SqliteConnectOptions::from_str(url).ok()?;
     let file = options.get_filename();
@@ -73,7 +69,7 @@ pub fn missing_file(url: &str) -> Option<std::path::PathBuf> {
 }
 
 impl SqliteStore {
-    /// Opens the write connection and one reader, so a bad path fails at start, not on a request.
+    /// A bad path fails here, not on a request.
     pub async fn connect(url: &str, settings: StoreSettings) -> Result<Self, StoreError> {
         let options = connect_options(url, &settings)?;
         // The pool retries a refused connection until its timeout, then reports only that it
@@ -209,16 +205,14 @@ impl Store for SqliteStore {
 
 type KeptWriteConnection = LimitedConnection<PoolConnection<Sqlite>>;
 
-/// The one connection this process writes with: its own writes never wait on each
-/// other's locks, and the group commit shares its syncs. It is kept rather than returned
-/// to its pool after each use (see `KeptConnections`).
+/// The one connection this process writes with: its own writes never wait on each other's
+/// locks, and the group commit shares its syncs. Kept between uses (`KeptConnections`).
 #[derive(Debug)]
 pub(crate) struct WriteConnection {
     pool: SqlitePool,
     kept: KeptConnections<KeptWriteConnection>,
-    /// Whoever holds it holds this process's write access.
     turn: Mutex<()>,
-    /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`: the longest wait for another process's write lock.
+    /// `PLANTSTORE_DB_ACQUIRE_TIMEOUT`, for another process's write lock.
     busy_wait: Duration,
 }
 
@@ -233,14 +227,13 @@ impl WriteConnection {
         }
     }
 
-    /// Waits for a turn to write, for a command: as long as for another process's write lock.
+    /// For a command: waits as long as for another process's write lock.
     pub(crate) async fn lock(&self) -> Result<WriteTurn<'_>, StoreError> {
         self.lock_by(Instant::now() + self.busy_wait).await
     }
 
-    /// Waits for a turn to write, by `deadline`; its busy wait for another process's write
-    /// lock then ends by `deadline` too, so a batch never begins after its request was
-    /// answered.
+    /// The busy wait for another process's write lock ends by `deadline` too, so a batch
+    /// never begins after its request was answered.
     pub(crate) async fn lock_by(&self, deadline: Instant) -> Result<WriteTurn<'_>, StoreError> {
         let turn = wait_until(deadline, async { Ok(self.turn.lock().await) }).await?;
         let mut kept = match self.kept.take() {
@@ -285,10 +278,9 @@ impl WriteConnection {
     }
 }
 
-/// This process's turn to write, holding the write connection; the connection is kept
-/// again when the turn ends. A batch that failed closes it rather than keeping it: a
-/// commit that failed (a full disk) left sqlx believing a transaction was still open on
-/// it, and every later `BEGIN` on that connection was refused.
+/// This process's turn to write. A failed batch closes the connection (`discard`) rather than
+/// keep it: a failed commit (a full disk) left sqlx believing a transaction still open on it,
+/// and every later `BEGIN` there was refused.
 pub(crate) struct WriteTurn<'a> {
     _turn: MutexGuard<'a, ()>,
     conn: Option<KeptWriteConnection>,
@@ -298,8 +290,7 @@ pub(crate) struct WriteTurn<'a> {
 }
 
 impl WriteTurn<'_> {
-    /// `err` as the caller should see it: a busy wait cut off by the deadline is the
-    /// deadline's error.
+    /// A busy wait cut off by the deadline is the deadline's error.
     pub(crate) fn caller_error(&self, err: StoreError) -> StoreError {
         if self.ends_with_deadline && is_busy(&err) {
             StoreError::TimedOut

@@ -1,22 +1,19 @@
-//! The JSON snapshot of a deleted plant and putting it back: the statements built at run
-//! time, because an existing database's `plants` columns are unknown at compile time.
+//! The JSON snapshot of a deleted plant and putting it back: built at run time, because an
+//! existing database's `plants` columns are unknown at compile time.
 
 use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection, query::Query, sqlite::SqliteArguments};
 
 use plantstore_store::StoreError;
 
-/// The statement that deletes the plants whose ids are in a JSON array, returning each
-/// one's id and snapshot, built from the columns of `plants` now (generated columns are not
-/// among them, and are not snapshot: SQLite computes them again). Names are quoted as
-/// identifiers and as JSON keys (string literals); every value is a column or a bound
-/// parameter, never text in the statement.
+/// Deletes the plants whose ids are in a JSON array, returning each one's id and snapshot
+/// (not of generated columns: SQLite computes them again). Names are quoted as identifiers
+/// and as JSON keys; every value is a column or a bound parameter, never statement text.
 pub(crate) async fn delete_statement(conn: &mut SqliteConnection) -> Result<String, StoreError> {
     let names = table_columns(conn).await?;
-    // A BLOB cannot be a JSON value: it is kept as {"blob": "<hex>"}, which no other
-    // column value can look like (json_object writes TEXT as a JSON string). A REAL
-    // is written by json_object with 15 digits, which loses some doubles (0.1 + 0.2):
-    // it gets 17 where 15 do not read back as the same number, and keeps its decimal
-    // point (`!`), so 1.0 comes back REAL, not INTEGER.
+    // A BLOB cannot be a JSON value: kept as {"blob": "<hex>"}, which no other value can look
+    // like (json_object writes TEXT as a string). json_object writes a REAL with 15 digits,
+    // losing some doubles (0.1 + 0.2): it gets 17 where 15 do not read back the same, and
+    // keeps its decimal point (`!`), so 1.0 comes back REAL, not INTEGER.
     let pairs: Vec<String> = names
         .iter()
         .map(|name| {
@@ -38,7 +35,7 @@ pub(crate) async fn delete_statement(conn: &mut SqliteConnection) -> Result<Stri
     ))
 }
 
-/// The columns of `plants` now, in table order.
+/// In table order.
 pub(crate) async fn table_columns(conn: &mut SqliteConnection) -> Result<Vec<String>, StoreError> {
     sqlx::query_scalar!(
         r#"SELECT '' || name AS "name!: String" FROM pragma_table_info('plants') ORDER BY cid"#
@@ -48,8 +45,7 @@ pub(crate) async fn table_columns(conn: &mut SqliteConnection) -> Result<Vec<Str
     .map_err(crate::errors::classify)
 }
 
-/// Inserts the snapshot of log entry `entry` into `plants`, one column per name in
-/// `names` (which the snapshot has been checked to hold exactly).
+/// `names` must be exactly the snapshot's keys (checked before).
 pub(crate) fn insert_from_snapshot(
     names: &[String],
     entry: i64,
