@@ -1,6 +1,5 @@
-//! Delivery to one destination while this instance holds its lease: the log read when the
-//! store says commits happened (or at the poll), each plant's next event sent once the
-//! one before it is delivered, each outcome settled, and the cursor saved.
+//! Delivery to one destination while this instance holds its lease: a plant's next event
+//! is sent only once the one before it is delivered, and the cursor is saved as they go.
 
 use std::{sync::Arc, time::Duration};
 
@@ -24,30 +23,22 @@ use super::{
 };
 use crate::{config::DeliveryConfig, telemetry::EndpointMetrics};
 
-/// Requests in flight to one endpoint at most, each for another plant: over HTTP/1.1 each
-/// holds a connection of its own (requests are never pipelined); over HTTP/2 they share one.
-/// Enough to cover the round trip to a receiver on the same machine under load, few
-/// enough not to swamp one that serves a request at a time per connection.
+/// Requests in flight to one endpoint at most, each for another plant (a connection each
+/// over HTTP/1.1): covers a local receiver's round trip, without swamping a serial one.
 const IN_FLIGHT: usize = 64;
-/// How often the log is read with no news of commits: for what no news covers (another
-/// process's commits on SQLite, an announcement lost in a crash, events held back by a
-/// transaction still running when they were announced).
+/// How often the log is read without news of commits, for what news misses: another
+/// process's commits on SQLite, news lost in a crash, events committed after their news.
 const POLL: Duration = Duration::from_millis(500);
 /// The least time between two reads: under load news comes with every commit, and a read
 /// per commit would cost a query for every few events.
 const READ_GAP: Duration = Duration::from_millis(20);
-/// How often a moving cursor is saved: each save is a write, which on SQLite queues with
-/// the deletes for its one writer.
+/// How often a moving cursor is saved: on SQLite each save queues with the deletes.
 const SAVE_EVERY: Duration = Duration::from_millis(200);
-/// How long a stopping delivery waits for the answers to requests it has sent.
 const ANSWERS_ON_STOP: Duration = Duration::from_secs(2);
-/// How long a failing destination goes without an attempt at most (unless its receiver
-/// asked for longer, or `PLANTSTORE_WEBHOOK_RETRY_MAX` is shorter): one waiting event is
-/// sent then, and once it succeeds every waiting event goes, so an outage of any length is
-/// caught up within this, not within the longest backoff.
+/// Longest a failing destination goes untried: one event goes then, so an outage of any
+/// length is caught up within this, not within the longest backoff.
 const CATCH_UP_PROBE: Duration = Duration::from_secs(30);
 
-/// Why delivery to an endpoint ended.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum DeliveryEnd {
     /// Another instance holds the lease now, the endpoint was removed, or its cursor was
@@ -59,7 +50,6 @@ pub(super) enum DeliveryEnd {
     Halted,
 }
 
-/// How far delivery got, how much of that is saved, and whether its last attempt failed.
 struct Progress {
     cursor: LogPosition,
     delivered_through: Option<i64>,
@@ -123,13 +113,10 @@ pub(super) struct DeliveryLoop {
     pub(super) destination: Arc<Destination>,
     pub(super) counts: EndpointMetrics,
     pub(super) commits: CommitNewsReceiver,
-    /// Turns true when this instance stops.
     pub(super) stopping: watch::Receiver<bool>,
 }
 
 impl DeliveryLoop {
-    /// Delivers until the lease is lost, the endpoint disabled or the instance stopping,
-    /// and logs which.
     #[tracing::instrument(name = "destination", skip_all, fields(endpoint = self.lease.endpoint_id))]
     pub(super) async fn run(self) {
         match self.deliver().await {
@@ -149,8 +136,7 @@ impl DeliveryLoop {
         let mut probe_at = None;
         let mut poll = tokio::time::interval(POLL);
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
-        // False after a read came back short, until news of a commit, or the poll, says
-        // there may be new events.
+        // False after a short read, until news of a commit or the poll says there is more.
         let mut log_may_hold_more = true;
         let mut last_read = Instant::now();
         loop {
@@ -224,10 +210,8 @@ impl DeliveryLoop {
         }
     }
 
-    /// Stopping: no more attempts start; those sent are settled as their answers come
-    /// (for up to `ANSWERS_ON_STOP`), and the cursor is saved, so that the instance taking
-    /// over repeats nothing this one saw delivered. An attempt still unanswered then, or a
-    /// retry still waiting, goes again from there, as around a crash.
+    /// Stopping: answers to sent attempts are settled for up to `ANSWERS_ON_STOP` and the
+    /// cursor saved, so the next holder repeats nothing seen delivered; the rest go again.
     async fn finish(
         &self,
         in_flight: &mut Attempts,

@@ -1,6 +1,5 @@
 //! Deletion events delivered to their destinations, webhook endpoints and JetStream
-//! streams: which ones this instance delivers to (a lease each, renewed while it runs),
-//! started and stopped as leases come and go.
+//! streams, each by the instance holding its lease, started and stopped as leases move.
 
 mod attempt;
 mod backoff;
@@ -42,10 +41,8 @@ const CLAIM_EVERY: Duration = Duration::from_secs(1);
 const DESTINATION_LEASE: Duration = Duration::from_secs(10);
 /// How often the pending counts and states are read for `/metrics`.
 const COUNT_EVERY: u32 = 5;
-/// How long stopping waits for the deliveries to save how far they got.
 const SAVE_ON_STOP: Duration = Duration::from_secs(5);
 
-/// The delivery loops of this instance.
 pub struct Deliveries {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) config: DeliveryConfig,
@@ -79,7 +76,6 @@ impl Deliveries {
         }
     }
 
-    /// Claims and renews leases each second, and runs a delivery loop per lease.
     async fn claim_and_deliver(
         &self,
         running: &mut HashMap<i64, Running>,
@@ -120,8 +116,7 @@ impl Deliveries {
             }
             // Stop what is no longer ours, has ended, or is not the row it started with
             // (removed, replayed, enabled again); a new secret is followed where it runs.
-            // One that stopped on a fault (a panic, an unusable URL) stays stopped until its
-            // row changes: started again each second, it would fail the same way each second.
+            // A fault stops it until its row changes, rather than a failure each second.
             running.retain(
                 |id, task| match leases.iter().find(|lease| lease.endpoint_id == *id) {
                     Some(lease)
@@ -228,9 +223,8 @@ impl Deliveries {
     }
 }
 
-/// One destination's delivery task, the lease it started with (a webhook endpoint's
-/// secrets kept as they are now), and where its secrets are fed; dropping it stops the
-/// task, and cancels its requests.
+/// One destination's delivery task, the lease it started with (secrets kept current) and
+/// where its secrets are fed; dropping it stops the task and cancels its requests.
 struct Running {
     /// Ends with why, when it stopped on a fault (a panic, an unusable URL).
     task: JoinHandle<Option<String>>,
@@ -260,9 +254,8 @@ impl Running {
             && started.generation == lease.generation
     }
 
-    /// Hands a webhook endpoint's new secrets to the running task, rather than starting it
-    /// over, which would repeat what it sent since it last saved. The signer is made once
-    /// per secret, not once per event.
+    /// Hands a webhook endpoint's new secrets to the running task (starting it over would
+    /// repeat what it sent since its last save); one signer per secret, not per event.
     fn follow_secrets(&mut self, lease: &Lease) {
         if let (DestinationKind::Webhook(started), DestinationKind::Webhook(now)) =
             (&mut self.started.kind, &lease.kind)

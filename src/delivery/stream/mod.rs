@@ -34,23 +34,19 @@ use super::{
 use crate::telemetry::one_line;
 use server::{Connection, Server, Trouble, jetstream_missing};
 
-/// The event type of a message, beside `Nats-Msg-Id` and `Content-Type`.
 const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
-/// How many times one attempt publishes: again with the sequence the store recorded for the
-/// plant, and again after finding the subject emptied (by the stream's limits or a purge);
-/// beyond that, something else keeps publishing there.
+/// Publishes per attempt: again with the store's recorded sequence, again after finding the
+/// subject emptied (limits, a purge); beyond that, something else keeps publishing there.
 const REPUBLISH: usize = 4;
 
-/// A stream destination's broker, stream and subjects, connected on first use, and again
-/// after a connection that could not be made or a publish that got no acknowledgement in
-/// time: the client reconnects by itself when the broker closes or resets, but a path gone
-/// silent looks alive to it until its ping (a minute) finds out.
+/// A stream destination's broker, stream and subjects, connected on first use and again
+/// after a failed connect or an unacknowledged publish: the client reconnects by itself on
+/// a close or reset, but a path gone silent looks alive to it until its next ping.
 pub(super) struct StreamPublisher {
     server: Server,
     target: StreamTarget,
     timeout: Duration,
     connection: Mutex<Option<Arc<Connection>>>,
-    /// Where the destination's recorded messages are read, when a plant's is needed.
     store: Arc<dyn Store>,
     endpoint_id: i64,
     unsaved: SyncMutex<UnsavedMessages>,
@@ -111,9 +107,7 @@ impl StreamPublisher {
         }
     }
 
-    /// Publishes `event` after its plant's last message: one this delivery stored and has
-    /// not saved yet, or else the one the store recorded. Delivered once the message is in
-    /// the stream, whether published now or found there already.
+    /// Delivered once the message is in the stream, published now or found there already.
     pub(super) async fn publish(&self, event: &Event) -> Attempt {
         let plant = event.entry.plant_id;
         let last = self.lock_unsaved().last(plant);
@@ -147,12 +141,10 @@ impl StreamPublisher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Publishes `event` after `last`, the plant's message this delivery stored and has not
-    /// saved yet, if any. Without one, the subject is expected empty: nearly every plant's
-    /// first message, published without a read of the store. When that is refused, the
-    /// store's record of the plant's last message (saved before, or by another instance) is
-    /// read, and the event published after it. What comes back is the plant's last
-    /// message then, whether this event's was published now or found stored already.
+    /// Publishes `event` after `last`, the plant's unsaved message if any; without one the
+    /// subject is expected empty (nearly every plant's first message: no store read). When
+    /// that is refused, the store's record is read and the event published after it.
+    /// Returns the plant's last message, whether published now or found stored already.
     async fn publish_after(
         &self,
         event: &Event,
@@ -284,9 +276,8 @@ impl StreamPublisher {
     }
 
     /// JetStream took the message for a repeat of the one at `sequence` (same
-    /// `Nats-Msg-Id`, within the duplicate window): stored, if that one is still there. One
-    /// purged or removed since is not, and this message is stored only once the window has
-    /// passed, so it is tried again until then.
+    /// `Nats-Msg-Id`, within the duplicate window): stored if that one is still there, else
+    /// only once the window has passed, so it is tried again until then.
     async fn repeat(&self, stream: &Stream<()>, id: &str, sequence: u64) -> Result<(), String> {
         match stream.get_raw_message(sequence).await {
             Ok(found) if found.headers.get("Nats-Msg-Id").map(|v| v.as_str()) == Some(id) => Ok(()),
@@ -311,16 +302,14 @@ fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarge
     }
 }
 
-/// The messages this delivery stored and has not saved yet, by plant: the next message of
-/// such a plant is published after it, and the next report saves them with the cursor.
-/// Once saved they are forgotten here (a plant's next event is rare, and reads the store).
+/// Messages stored but not yet saved, by plant, for the plant's next publish and the next
+/// report; forgotten once saved (a plant's next event is rare, and reads the store).
 #[derive(Default)]
 struct UnsavedMessages {
     unsaved: HashMap<i64, StoredMessage>,
 }
 
 impl UnsavedMessages {
-    /// The plant's message stored and not yet saved.
     fn last(&self, plant: i64) -> Option<StoredMessage> {
         self.unsaved.get(&plant).copied()
     }
@@ -337,12 +326,10 @@ impl UnsavedMessages {
         !self.unsaved.is_empty()
     }
 
-    /// What is stored but not yet saved, for the next report.
     fn unsaved(&self) -> Vec<StoredMessage> {
         self.unsaved.values().copied().collect()
     }
 
-    /// The report carrying `saved` was saved.
     fn saved(&mut self, saved: &[StoredMessage]) {
         for message in saved {
             if self.unsaved.get(&message.plant_id) == Some(message) {
