@@ -7,7 +7,6 @@ pub mod tokens;
 
 use std::sync::Arc;
 
-/// The caller a valid token stands for.
 #[derive(Debug, Clone)]
 pub struct Caller {
     pub token_name: Arc<str>,
@@ -31,7 +30,6 @@ pub enum AuthFailure {
     WrongClaims,
 }
 
-/// Why a JWT was not accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum JwtRejection {
     /// 401: not a valid token.

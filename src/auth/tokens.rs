@@ -1,7 +1,5 @@
-//! Opaque API tokens: how they are made, stored (as hashes only) and checked, against the
-//! token table kept in memory (`TokenCache`), so checking a token costs no database round
-//! trip, and reloaded often enough that a revocation holds within a second on every
-//! instance.
+//! Opaque API tokens, stored as hashes only and checked against the table kept in memory
+//! (`TokenCache`): no database round trip per check, yet revocations hold within a second.
 
 use std::{
     collections::HashMap,
@@ -103,8 +101,7 @@ pub async fn revoke(store: &dyn Store, name: &str) -> Result<(), TokenError> {
 }
 
 /// Checks a presented token: known, secret matching in constant time, not revoked, not
-/// expired. Expiry is checked against `now`; a revocation is seen within a second (see
-/// [`TokenCache`]).
+/// expired at `now`; a revocation is seen within a second (see [`TokenCache`]).
 pub async fn verify(
     tokens: &Arc<TokenCache>,
     presented: &str,
@@ -174,9 +171,8 @@ const MAX_AGE: Duration = Duration::from_millis(800);
 /// Past this age, a request answered from the copy starts a reload in the background, so
 /// under steady traffic nobody waits for one.
 const REFRESH_AFTER: Duration = Duration::from_millis(400);
-/// Reloads start at most this often. An unknown token is judged against a copy loaded
-/// after it arrived (so a token made a moment ago works), and a flood of made-up tokens
-/// costs one query per interval, not one each.
+/// Reloads start at most this often: an unknown token is judged by a copy loaded after it
+/// arrived (so a new token works), and made-up tokens cost a query per interval, not each.
 const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
 
 /// What the cache keeps of a token: everything `verify` checks.
@@ -220,17 +216,14 @@ impl TokenCache {
         })
     }
 
-    /// How many times the table has been read.
     pub fn reloads(&self) -> u64 {
         self.reloads.load(Ordering::Relaxed)
     }
 
-    /// Lookups answered from the copy in memory.
     pub fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Lookups that waited for the table to be read.
     pub fn misses(&self) -> u64 {
         self.misses.load(Ordering::Relaxed)
     }

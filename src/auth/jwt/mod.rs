@@ -1,6 +1,5 @@
-//! JWT bearer tokens from an identity provider: the key they must be signed with, the
-//! claims they must carry, and a cache of tokens already verified (a verified JWT is not
-//! verified again until it expires).
+//! JWT bearer tokens from an identity provider: the key and claims they must have, and a
+//! cache of verified tokens (a verified JWT is not verified again until it expires).
 
 mod jwks;
 
