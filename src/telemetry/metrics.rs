@@ -1,10 +1,6 @@
-//! What `/metrics` shows, in Prometheus text: requests by route and status, their latency,
-//! deletions, authentication failures by reason, readiness and the database's reach, the
-//! database pool and queue, group-commit batch sizes, token-cache lookups, delivery to each
-//! destination, the deletion log's size and retention, and the process's memory, CPU and
-//! descriptors. Each app has its own recorder (none is installed globally), so every
-//! instance, and every test, counts only its own requests. Every name is listed in
-//! docs/operations.md, which the alert rules and the dashboard in deploy/ are built on.
+//! What `/metrics` shows, in Prometheus text. Each app has its own recorder (none is
+//! installed globally), so every instance, and every test, counts only its own requests.
+//! Every name is listed in docs/operations.md, which deploy/'s alerts and dashboard use.
 
 use std::{
     sync::{
@@ -45,14 +41,12 @@ const REQUEST_TIMEOUT: &str = "plantstore_request_timeout_seconds";
 const PRUNED: &str = "plantstore_deletion_log_pruned_total";
 /// `oldest_entry_ms` when the log is empty, or not read yet.
 const NO_ENTRY: i64 = i64::MIN;
-/// How often histogram samples are folded into their buckets (see `fold_histograms`).
 const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, None);
 
-/// Webhook delivery attempts to one endpoint by result, and the lag of those delivered: held
-/// by the endpoint's delivery, so that an attempt under load costs no labels built and
-/// looked up anew.
+/// Delivery attempts to one endpoint by result, and the lag of those delivered: held by the
+/// endpoint's delivery, so an attempt under load builds and looks up no labels.
 pub struct EndpointMetrics {
     delivered: Counter,
     failed: Counter,
@@ -83,8 +77,7 @@ pub struct Metrics {
     /// When the log's oldest entry was deleted (Unix ms) at the last read of its size, so
     /// that its age is as of each scrape.
     oldest_entry_ms: AtomicI64,
-    /// The process's CPU, memory, file descriptors and threads, as the Prometheus client
-    /// libraries name them.
+    /// CPU, memory, descriptors and threads, named as the Prometheus client libraries do.
     process: metrics_process::Collector,
 }
 
@@ -309,10 +302,9 @@ impl Metrics {
         }
     }
 
-    /// Folds the histogram samples recorded since the last time into their buckets, for
-    /// ever. The exporter keeps every sample until then, so without this its memory grows
-    /// with every request between scrapes (bench/JOURNAL.md, "Figures moved out of code
-    /// comments").
+    /// Folds histogram samples into their buckets, for ever: the exporter keeps each sample
+    /// until then, so its memory would grow with every request between scrapes
+    /// (bench/JOURNAL.md, "Figures moved out of code comments").
     pub async fn fold_histograms(self: Arc<Self>) {
         let mut every = tokio::time::interval(UPKEEP_EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,6 +1,5 @@
-//! What the service tells its operators: logs (human-readable or JSON lines on stderr,
-//! filtered by `RUST_LOG`), spans exported over OTLP when `OTEL_EXPORTER_OTLP_ENDPOINT` is
-//! set, and the `/metrics` registry.
+//! What the service tells its operators: logs on stderr (text or JSON lines), spans over
+//! OTLP when an endpoint is set, and the `/metrics` registry.
 
 mod error_line;
 mod metrics;
@@ -46,17 +45,11 @@ impl Telemetry {
     }
 }
 
-/// Installs the global subscriber. Logs go to stderr so stdout carries only what a
-/// command prints for scripts (such as a new token).
-///
-/// Lines are written by a thread of their own, buffered while more are waiting and
-/// flushed as soon as none are: under load a request no longer pays a `write` to stderr
-/// for its log line (its share of CPU: bench/JOURNAL.md, "Figures moved out of code
-/// comments"). No line is dropped: when the queue is full, logging waits.
-///
-/// With `otlp_endpoint`, the service's spans (the request, the handler, the store and its
-/// commits, whatever `RUST_LOG` says) also go to `{endpoint}/v1/traces` as OTLP over HTTP;
-/// without it nothing of OpenTelemetry is installed.
+/// Installs the global subscriber. Logs go to stderr so stdout carries only what a command
+/// prints for scripts (a new token). A thread of their own writes the lines, so a request
+/// pays no `write` under load (bench/JOURNAL.md, "Figures moved out of code comments");
+/// none is dropped: a full queue makes logging wait. Our spans go to `otlp_endpoint`
+/// whatever `RUST_LOG` says; without one, nothing of OpenTelemetry is installed.
 pub fn init(
     filter: &str,
     format: LogFormat,
@@ -64,18 +57,16 @@ pub fn init(
 ) -> Result<Telemetry, String> {
     let mut directives = EnvFilter::try_new(filter)
         .map_err(|err| format!("RUST_LOG is not a valid filter: {err}"))?;
-    // PostgreSQL's notices, such as "relation … already exists, skipping" from the
-    // migrations every start and every command runs, are no news at info; a filter that
-    // names sqlx itself decides.
+    // PostgreSQL's notices ("relation … already exists, skipping" from the migrations each
+    // start runs) are no news at info; a filter that names sqlx itself decides.
     if !filter.contains("sqlx") {
         let quiet = "sqlx::postgres::notice=warn"
             .parse()
             .map_err(|err| format!("the notice filter: {err}"))?;
         directives = directives.add_directive(quiet);
     }
-    // The NATS client's own lines name no destination, and repeat with each reconnect; a
-    // destination's delivery logs the cause and shows it in `streams list` instead, and the
-    // commands print only their own lines. A filter that names async_nats decides.
+    // The NATS client's lines name no destination and repeat with each reconnect; delivery
+    // logs the cause (`streams list` shows it). A filter that names async_nats decides.
     if !filter.contains("async_nats") {
         let quiet = "async_nats=off"
             .parse()
