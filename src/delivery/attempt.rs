@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-/// What came of one attempt.
 #[derive(Debug)]
 pub(super) enum Attempt {
     /// A 2xx within the timeout, or the message stored by the broker.

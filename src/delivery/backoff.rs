@@ -7,10 +7,9 @@ use rand::Rng;
 
 use crate::config::DeliveryConfig;
 
-/// The wait after `failures` failed attempts (1 after the first): a random time between
-/// `min` and `min · 2^(failures-1)`, capped at `max` (`PLANTSTORE_WEBHOOK_RETRY_MIN` and
-/// `_MAX`). Full jitter spreads the retries of many events over the window instead of
-/// sending them together; `retry_after` raises the wait, up to `max`.
+/// The wait after `failures` failed attempts (1 after the first): random between `min` and
+/// `min · 2^(failures-1)`, capped at `max`; full jitter spreads many events' retries over
+/// the window instead of sending them together. `retry_after` raises it, up to `max`.
 pub(super) fn retry_wait(
     config: &DeliveryConfig,
     failures: u32,

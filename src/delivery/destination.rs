@@ -1,6 +1,5 @@
-//! Where a destination's events go, made once per lease: each kind behind the one
-//! interface the delivery loop uses, to send an event and to hand over what must be saved
-//! with the position.
+//! Where a destination's events go, made once per lease: each kind behind the one interface
+//! the delivery loop uses to send an event and hand over what to save with the position.
 
 use std::sync::Arc;
 
@@ -22,9 +21,8 @@ pub(super) enum Destination {
 }
 
 impl Destination {
-    /// The error says why the stored URL cannot be used, without the URL. A webhook
-    /// endpoint comes with where its secrets are fed: a rotation reaches the running
-    /// delivery there, rather than starting it over.
+    /// The error says why the stored URL cannot be used, without the URL. A webhook comes
+    /// with where its secrets are fed, so a rotation reaches the running delivery.
     pub(super) fn new(
         lease: &Lease,
         config: &DeliveryConfig,

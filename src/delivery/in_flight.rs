@@ -1,6 +1,5 @@
-//! The attempts of one destination in flight, or waiting to be retried: each waits for its
-//! time, unless the destination came back or the catch-up probe picks it, then sends its
-//! event through the destination.
+//! One destination's attempts in flight or waiting to be retried: each waits for its time,
+//! unless the destination came back or the catch-up probe picks it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -10,7 +9,6 @@ use tokio::sync::{Notify, watch};
 
 use super::{attempt::Attempt, destination::Destination, pending::EventToSend};
 
-/// What one attempt came to.
 pub(super) struct AttemptOutcome {
     pub(super) sent: EventToSend,
     pub(super) attempt: Attempt,

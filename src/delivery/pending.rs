@@ -1,6 +1,5 @@
-//! The events read ahead of an endpoint's cursor and not yet delivered: which may be sent
-//! now (one per plant at a time, so each plant's events arrive in order), which are
-//! delivered, and how far the cursor may move without leaving a gap.
+//! Events read ahead of an endpoint's cursor: one per plant is sent at a time, so each
+//! plant's events arrive in order, and the cursor moves only where it leaves no gap.
 
 use std::{
     collections::{HashMap, HashSet, VecDeque},
@@ -18,8 +17,7 @@ pub(super) struct EventToSend {
     pub(super) event: Event,
     pub(super) failures: u32,
     pub(super) wait: Duration,
-    /// Whether the destination's recovery may cut the wait short (its catch-up probe
-    /// always may).
+    /// Whether the destination's recovery may cut the wait short (the probe always may).
     pub(super) may_wake: bool,
 }
 
@@ -34,10 +32,8 @@ impl EventToSend {
     }
 }
 
-/// One event read, in log order.
 struct Slot {
     position: LogPosition,
-    /// Its deletion log entry.
     entry: i64,
     /// Delivered, or not for this endpoint.
     done: bool,
@@ -45,7 +41,6 @@ struct Slot {
 
 pub(super) struct PendingEvents {
     window: VecDeque<Slot>,
-    /// Where the next read starts.
     read_to: LogPosition,
     /// Plants with an event in flight or waiting to be retried, and the events of theirs
     /// that wait behind it.
@@ -65,7 +60,6 @@ impl PendingEvents {
         }
     }
 
-    /// How many more events may be read now.
     pub(super) fn room(&self) -> usize {
         WINDOW - self.window.len()
     }

@@ -59,9 +59,8 @@ impl Signer {
         }
     }
 
-    /// The `webhook-signature` header: `v1,<new>`, then ` v1,<old>` during an overlap (the
-    /// Standard Webhooks header holds signatures separated by spaces; a receiver accepts
-    /// any one that verifies).
+    /// The `webhook-signature` header: `v1,<new>`, then ` v1,<old>` during an overlap (a
+    /// receiver accepts any one of the space-separated signatures that verifies).
     pub(super) fn header(&self, id: &str, timestamp: i64, body: &[u8]) -> Result<String, String> {
         let current = self
             .current

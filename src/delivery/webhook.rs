@@ -1,6 +1,5 @@
-//! A webhook endpoint: its URL taken apart once, an HTTP client of its own, the event
-//! signed with the endpoint's secrets as they are when it is sent, one POST, and what the
-//! answer means.
+//! A webhook endpoint: one POST per attempt, signed with the endpoint's secrets as they are
+//! when it is sent, and what the answer means.
 
 use std::{sync::Arc, time::Duration};
 
@@ -19,31 +18,26 @@ use super::{
 };
 use crate::{config::DeliveryConfig, telemetry::one_line};
 
-/// The most of an answer's body read: enough to keep the connection for the next request
-/// after a receiver's usual short reply, and no more of a long one (its connection is
-/// closed instead).
+/// The most of an answer's body read: enough to keep the connection after a receiver's
+/// usual short reply; a longer one's connection is closed instead.
 const BODY_READ: usize = 64 * 1024;
 /// How long an unused connection to a receiver is kept: receivers close theirs after a few
 /// seconds (Node.js after 5, gunicorn after 2), and a request sent as one closes fails.
 const IDLE: Duration = Duration::from_secs(2);
 
-/// One endpoint's URL, taken apart once, an HTTP client of its own whose keep-alive
-/// connections carry its events, and its secrets as a signer.
+/// One endpoint's URL, taken apart once, and an HTTP client of its own for its keep-alives.
 pub(super) struct WebhookClient {
     client: Client,
     /// As stored, less any fragment. Credentials in it (`https://user:pass@…`) are taken
     /// out of each request by reqwest and sent as HTTP Basic, as browsers and curl do.
     url: Url,
-    /// Signs with the endpoint's secrets as the lease now has them (a rotation changes
-    /// them while delivery runs).
+    /// The secrets as the lease now has them: a rotation changes them mid-delivery.
     signer: watch::Receiver<Arc<Signer>>,
 }
 
 impl WebhookClient {
-    /// Each attempt, connecting included, gives up after `PLANTSTORE_WEBHOOK_TIMEOUT`.
-    /// `http2`: HTTP/2 with prior knowledge (on https, ALPN chooses HTTP/2 where the
-    /// receiver offers it). The error says why the stored URL cannot be used (`webhooks
-    /// add` lets none such in), without the URL.
+    /// `http2`: HTTP/2 with prior knowledge (on https, ALPN picks it where offered). The
+    /// error says why the stored URL cannot be used, without the URL.
     pub(super) fn new(
         text: &str,
         http2: bool,
@@ -78,9 +72,9 @@ impl WebhookClient {
         })
     }
 
-    /// Signs and POSTs `event`, so a retry after a rotation carries the new secret. No redirect is followed: a receiver moved is a failure an
-    /// operator should see, not a place to send signed events to unasked. Neither the URL
-    /// nor its credentials appear in what comes back.
+    /// Signs and POSTs `event`, so a retry after a rotation carries the new secret. No
+    /// redirect is followed: a moved receiver is a failure to show, not a place to send
+    /// signed events unasked. What comes back names neither the URL nor its credentials.
     pub(super) async fn post(&self, event: &Event) -> Attempt {
         // Only in a test build: a fault caused on purpose, to show that a panic in one
         // destination's delivery is caught and shown (tests/api/webhooks/delivery.rs).

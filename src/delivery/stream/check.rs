@@ -12,17 +12,14 @@ use crate::telemetry::one_line;
 /// What a stream destination's command is about to do with the stream.
 pub(crate) enum TargetUse {
     /// Publish from the start (`add`; `replay`, which keeps its prefix): the stream must
-    /// hold no message under the prefix, as one would stand where this destination expects
-    /// none.
+    /// hold no message under the prefix, where this destination expects none.
     Add,
     Replay,
     /// Go on publishing after the messages there (`set-url`).
     Moved,
 }
 
-/// What the stream commands make sure of before a destination delivers: the server answers
-/// with these credentials, JetStream and the stream exist, and the stream captures
-/// `<prefix>.>`; unless the destination moved, it holds no message there yet.
+/// Fails unless the server takes these credentials and its stream captures `<prefix>.>`.
 pub(crate) async fn check_target(target: &StreamTarget, future: TargetUse) -> Result<(), String> {
     const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
     let server = Server::parse(&target.url)?;

@@ -1,6 +1,5 @@
-//! A stream destination's NATS server: its URL taken apart (credentials out of the
-//! address), a client connected to it whose troubles are kept for the operator, and the URL
-//! as a destination stores it.
+//! A stream destination's NATS server: its URL (credentials taken out of the address), a
+//! client whose troubles are kept for the operator, and the URL as a destination stores it.
 
 use std::{
     sync::{Arc, Mutex},
@@ -17,7 +16,6 @@ use reqwest::Url;
 
 use crate::telemetry::one_line;
 
-/// A client of the destination's broker, and its stream.
 pub(super) struct Connection {
     pub(super) client: async_nats::Client,
     pub(super) context: jetstream::Context,
@@ -26,9 +24,8 @@ pub(super) struct Connection {
     pub(super) trouble: Trouble,
 }
 
-/// The client's last problem with the broker, as the operator should read it; cleared when
-/// it connects again. The client's own log lines are left out (telemetry), so this is
-/// where the cause is told, with the destination.
+/// The client's last problem with the broker, for the operator, cleared when it connects
+/// again: the client's own log lines are off (telemetry), so the cause is told here.
 pub(super) type Trouble = Arc<Mutex<Option<String>>>;
 
 impl Connection {
@@ -152,9 +149,8 @@ pub(super) async fn jetstream_missing(context: &jetstream::Context) -> Option<St
 }
 
 /// The URL as a destination stores it: usable (as `Server::parse` checks), less what means
-/// nothing to a NATS server (a path, such as a trailing `/`, a query, a fragment), so that
-/// one server is written one way and a second destination for the same stream and prefix
-/// on it is found a duplicate.
+/// nothing to a NATS server (a path or trailing `/`, a query, a fragment), so one server is
+/// written one way and a second destination for its stream and prefix is found a duplicate.
 pub(crate) fn stored_url(text: &str) -> Result<String, String> {
     Server::parse(text)?;
     let mut url = Url::parse(text.trim()).map_err(|err| err.to_string())?;
