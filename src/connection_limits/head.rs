@@ -1,6 +1,5 @@
-//! Where each HTTP/1 request head starts and ends on a connection, read from the bytes
-//! as they arrive, so a head too long, with too many lines or too slow can be answered
-//! before hyper, which would answer with a bare status and no body.
+//! Where each HTTP/1 request head starts and ends, read from the bytes as they arrive, so a
+//! head too long, too slow or of too many lines gets our answer, not hyper's bare status.
 
 /// Longest request head accepted (request line and header lines), far under hyper's own
 /// buffer limit so the answer is always ours.
@@ -8,10 +7,8 @@ pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header lines accepted: hyper's own limit, which it answers with a bare 431.
 pub const MAX_HEADER_LINES: usize = 100;
 
-/// What the bytes so far say about the connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadVerdict {
-    /// Nothing to object to.
     WithinLimits,
     /// The request line alone is longer than `MAX_HEAD_BYTES`.
     UriTooLong,
@@ -24,7 +21,6 @@ enum Phase {
     /// Between requests: no byte of the next head yet (blank lines before it are skipped).
     #[default]
     Idle,
-    /// Inside a head.
     Head,
     /// The head is complete; what follows is its body until the server answers.
     Body,

@@ -1,7 +1,5 @@
-//! Client connections' limits, kept below HTTP: how many may be open at once
-//! (`PLANTSTORE_MAX_CONNECTIONS`), how long one may stay silent (`PLANTSTORE_IDLE_TIMEOUT`),
-//! how long a request head may take to arrive (`PLANTSTORE_HEADER_TIMEOUT`) and how large
-//! it may be. The HTTP layer says what a refused head is answered with.
+//! Client connections' limits, kept below HTTP: how many are open, how long one stays
+//! silent, how long and how large a request head may be. HTTP says what a refusal answers.
 
 pub mod head;
 
@@ -28,12 +26,10 @@ use tokio::{
 use crate::config::ConnectionConfig;
 use head::{HeadScanner, HeadVerdict};
 
-/// How long a refused client may go on sending before its connection is dropped: long
-/// enough for it to finish sending and read the answer (closing with its bytes unread
-/// would reset the connection and lose the answer), short enough to cost little.
+/// How long a refused client may go on sending: long enough to finish and read the answer
+/// (closing on its unread bytes would reset the connection), short enough to cost little.
 const LINGER: Duration = Duration::from_secs(2);
 
-/// Why a request head was refused before HTTP saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeadRefusal {
     /// It did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
@@ -44,12 +40,10 @@ pub enum HeadRefusal {
     TooLarge,
 }
 
-/// The whole HTTP/1.1 answer, as bytes, that a refused head gets before its connection
-/// closes.
+/// The whole HTTP/1.1 answer a refused head gets, as bytes, before its connection closes.
 pub type RefusalAnswer = fn(HeadRefusal) -> Vec<u8>;
 
-/// Accepts a connection only while fewer than the cap are open; past it, new ones wait in
-/// the kernel's backlog until one closes. Every connection it hands out is a `ClientConnection`.
+/// Accepts a connection only while fewer than the cap are open, as a `ClientConnection`.
 pub struct CappedAcceptor<A> {
     inner: A,
     slots: Arc<Semaphore>,
@@ -96,11 +90,10 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
     }
 }
 
-/// A connection that gives its slot back when it closes; fails its read when the client
-/// has sent nothing for the idle timeout; and answers a request head that is too slow or
-/// too large itself, with the answer the HTTP layer gave, then closes. Done here, below
-/// HTTP, because poem's idle timeout waits forever for a head that stopped halfway, poem
-/// sets no header timeout on hyper, and hyper answers an oversized head with a bare status.
+/// A connection that gives its slot back when it closes, fails its read after the idle
+/// timeout, and answers a too slow or too large head itself, then closes. Below HTTP,
+/// because poem's idle timeout waits forever on a half-sent head, poem sets hyper no header
+/// timeout, and hyper answers an oversized head with a bare status.
 pub struct ClientConnection<T> {
     io: T,
     _slot: OwnedSemaphorePermit,
