@@ -1,7 +1,6 @@
-//! The deletion log kept to `PLANTSTORE_DELETION_RETENTION`: one instance at a time, by a
-//! lease on the chore, prunes the entries older than the retention that no destination still
-//! needs, in small batches with a pause between them, so that deletes never wait long behind
-//! a prune. `plantstore deletions prune` uses the same batches.
+//! The deletion log kept to its retention: one instance at a time, by a lease on the chore,
+//! prunes in small batches with a pause between them, so that deletes never wait long
+//! behind a prune. `plantstore deletions prune` uses the same batches.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -17,10 +16,9 @@ const EVERY: Duration = Duration::from_secs(60);
 /// How long a lease lasts unrenewed: past it, after a crash, another instance takes over.
 /// The holder renews it before each batch and each round.
 const CHORE_LEASE: Duration = Duration::from_secs(180);
-/// The pause between batches, in which deletes commit. It caps pruning at `PRUNE_BATCH` a
-/// pause, 2,500 entries a second: a shorter one let pruning a backlog on PostgreSQL raise the
-/// p99 of deletes at full load past the guard (bench/JOURNAL.md, "retention on PostgreSQL,
-/// profiled and paced").
+/// The pause between batches, in which deletes commit: a shorter one let pruning a backlog
+/// on PostgreSQL raise deletes' p99 at full load past the guard (bench/JOURNAL.md,
+/// "retention on PostgreSQL, profiled and paced").
 const PAUSE: Duration = Duration::from_millis(200);
 
 /// Prunes the entries deleted before `before` in batches, while `may_go_on` says so before
@@ -46,10 +44,8 @@ where
     Ok(pruned)
 }
 
-/// This instance's part in keeping the log to its retention.
 pub(crate) struct Pruning {
     pub(crate) store: Arc<dyn Store>,
-    /// How long an entry is kept.
     pub(crate) kept: Duration,
     /// This instance's name in the lease, as in the webhook leases.
     pub(crate) owner: Arc<str>,
@@ -58,9 +54,8 @@ pub(crate) struct Pruning {
 
 impl Pruning {
     /// Prunes every `EVERY` while this instance holds the chore's lease, until `stop`; then
-    /// gives the lease back, so that the next instance (a restart, a deploy) takes the chore
-    /// at its first round rather than when the lease runs out. A batch cut short by `stop`
-    /// commits nothing.
+    /// gives the lease back, so the next instance (a restart, a deploy) takes the chore at
+    /// once, not when the lease runs out. A batch cut short by `stop` commits nothing.
     pub(crate) async fn run(self, stop: impl Future<Output = ()>) {
         tokio::select! {
             () = self.prune_each_round() => {}

@@ -19,10 +19,8 @@ use crate::{
 };
 
 /// How long stopping waits, once the servers are done, for the background work to save and
-/// give up its leases and for the database's connections to close. A database that does
-/// not answer (a partition, a synchronous standby gone) would hold the stop for ever; past
-/// this the instance exits as after a crash, which delivery (at least once, each stream
-/// message once) and the leases (they run out) are built to survive.
+/// release its leases and the pool to close: a database that does not answer would hold the
+/// stop for ever, and delivery and the leases are built to survive an exit like a crash.
 const BACKGROUND_ON_STOP: Duration = Duration::from_secs(10);
 
 /// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
@@ -101,10 +99,8 @@ impl Application {
         self.initial_token.as_deref()
     }
 
-    /// Serves until `shutdown` resolves; then drains for the shutdown delay (`/readyz`
-    /// answers 503, requests are still served, each answer closing its connection), stops
-    /// accepting, lets in-flight requests finish within the grace period, and closes the
-    /// database pool. With an admin listener, both servers stop together.
+    /// Serves until `shutdown`, then drains for the shutdown delay, stops accepting, lets
+    /// in-flight requests finish and closes the pool; both servers stop together.
     pub async fn run_until_stopped(
         self,
         shutdown: impl Future<Output = ()>,
