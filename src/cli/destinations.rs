@@ -1,6 +1,5 @@
 //! What `webhooks` and `streams` share, written once for every kind of destination: list,
-//! remove, enable and replay. Each kind keeps its own `add` and `set-url` (and webhooks
-//! `rotate-secret`) in its own file.
+//! remove, enable and replay; each kind's `add` and `set-url` are in its own file.
 
 use anyhow::bail;
 use chrono::{DateTime, Utc};

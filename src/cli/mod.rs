@@ -1,5 +1,4 @@
-//! The `plantstore` command line: its commands and their dispatch; each command group
-//! does its work in a file of its own.
+//! The `plantstore` command line and its dispatch; each command group has its own file.
 
 mod deletions;
 mod destinations;
@@ -166,8 +165,7 @@ impl Cli {
         if !matches!(command, Command::Migrate | Command::Seed { .. }) {
             database::existing(&config.database_url)?;
         }
-        // Every other command works on the store: opened (and migrated or checked) here,
-        // and closed here whatever the command came to.
+        // The rest work on the store, opened (migrated or checked) and closed here.
         let store = database::open(&config, None).await?;
         let outcome = match command {
             Command::Token(command) => tokens::run(store.as_ref(), command).await,
