@@ -63,8 +63,7 @@ impl Config {
         let command = Self::augment_args(clap::Command::new("plantstore"))
             .mut_args(|arg| arg.env(None::<&str>));
         let matches = command.get_matches_from(["plantstore"]);
-        // The defaults are literals of this module, so they parse; a test of this module
-        // says so.
+        // The defaults are literals of this module, so they parse (its test says so).
         Self::from_arg_matches(&matches).unwrap_or_else(|err| panic!("a default is invalid: {err}"))
     }
 }

@@ -45,8 +45,7 @@ impl FromStr for RateLimit {
     }
 }
 
-/// `PLANTSTORE_DELETION_RETENTION`: how long the deletion log keeps an entry before the
-/// running service prunes it (`off`, empty or unset: until `plantstore deletions prune`).
+/// `PLANTSTORE_DELETION_RETENTION`; empty reads as off, as for the rate limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Retention(pub Option<Duration>);
 
@@ -159,7 +158,6 @@ pub enum Backend {
 pub struct DatabaseUrl(String);
 
 impl DatabaseUrl {
-    /// The backend the URL's scheme names.
     pub fn backend(&self) -> Result<Backend, String> {
         let Some((scheme, _)) = self.0.split_once(':') else {
             return Err(
@@ -181,11 +179,10 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with any password replaced by `***`. Built to be safe on malformed input
-    /// too (it is shown in the very error that says the URL is bad): without `://` only
-    /// the scheme shows; the user info ends at the last `@` anywhere, since a password
-    /// may hold `/`, `?` or `#` unencoded (masking too much of an odd URL is harmless);
-    /// and every query parameter named like a password is masked.
+    /// The URL with any password as `***`, safe on malformed input too (the error saying
+    /// the URL is bad shows it): without `://` only the scheme shows; the user info ends at
+    /// the last `@`, as a password may hold `/`, `?` or `#` unencoded (masking too much is
+    /// harmless); query parameters named like a password are masked.
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             let scheme = self.0.split(':').next().unwrap_or_default();
