@@ -1,8 +1,6 @@
-//! The layers of our own that every request passes, outermost first: the front door
-//! (request id, span, log line, metrics under the route's label, and closing connections
-//! while draining), then CORS (`cross_origin.rs`), then the answer (the state, the one
-//! deadline, and every error sorted into an `ApiError`, once) around the router. A request
-//! head refused below hyper is answered here too, with the same `Error`, as bytes.
+//! Our own layers, outermost first: the front door (request id, span, log line, metrics,
+//! closing connections while draining), CORS, then the answer (state, deadline, each error
+//! sorted once into an `ApiError`); and the answer to a head refused below hyper, as bytes.
 
 use std::{
     sync::Arc,
@@ -31,7 +29,6 @@ use crate::{
     telemetry,
 };
 
-/// What the layers need of the service.
 pub(super) struct LayerContext {
     pub(super) state: AppState,
     pub(super) routes: Arc<RouteFacts>,
@@ -40,9 +37,8 @@ pub(super) struct LayerContext {
 }
 
 /// Wraps the whole app, so no response (error, panic, unknown route, preflight) leaves
-/// without an `x-request-id` and a log line; every answer is counted in `/metrics`; and
-/// while the instance drains, every HTTP/1 answer closes its connection, so keep-alive
-/// connections end between requests, never under one.
+/// without an `x-request-id`, a log line and a count; while draining, HTTP/1 answers close
+/// their connection, so keep-alive connections end between requests, never under one.
 pub(super) async fn front_door<E: Endpoint<Output = Response>>(
     inner: Arc<E>,
     mut req: Request,
@@ -92,21 +88,15 @@ pub(super) async fn front_door<E: Endpoint<Output = Response>>(
     Ok(response)
 }
 
-/// A duration in milliseconds to the microsecond, for log fields: a whole number of
-/// microseconds divided prints as itself (0.312), where seconds times 1000 carries the
-/// float's noise (0.31244900000000003).
+/// Milliseconds to the microsecond for log fields: whole microseconds divided print as
+/// themselves (0.312), where seconds times 1000 carry float noise (0.31244900000000003).
 fn millis(elapsed: Duration) -> f64 {
     elapsed.as_micros() as f64 / 1000.0
 }
 
-/// Hands the request the service's state and its deadline, and turns every error from
-/// within (routing, path parsing, auth, handlers, the deadline) into its `Error` answer,
-/// once, before poem's CORS layer adds its headers to it.
-///
-/// Past `PLANTSTORE_REQUEST_TIMEOUT` the request's work is dropped and the answer is a 503.
-/// Dropping it withdraws a delete still queued for its batch, and the store bounds every
-/// database wait by the same instant (`RequestDeadline`); only a commit already sent when
-/// it falls may still land, and then the audit table has it.
+/// Hands the request the state and its deadline, and turns every error from within into its
+/// `Error` answer once, before poem's CORS layer adds its headers. Past the deadline the
+/// work is dropped (withdrawing a delete still queued) and the answer is a 503.
 pub(super) async fn answer<E: Endpoint>(
     inner: Arc<E>,
     mut req: Request,
@@ -158,9 +148,8 @@ fn deadline_after(limit: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
-/// An error from any layer (routing, path parsing, auth, handlers) sorted by its type into ours.
-/// `token_sent` describes the request and `routes` the route it matched, for the
-/// headers the answer needs.
+/// An error from any layer sorted by its type into ours; `token_sent` and `routes` are for
+/// the headers the answer needs.
 fn sorted(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> ApiError {
     let err = match err.downcast::<ApiError>() {
         Ok(ours) => return ours,
@@ -191,9 +180,8 @@ fn sorted(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> ApiError {
     }
 }
 
-/// A request head the connection limits refused: the same answer as the error's response,
-/// as HTTP/1.1 bytes written straight to the client connection from below hyper, which is
-/// closed after it.
+/// A request head the connection limits refused: the error's response as HTTP/1.1 bytes,
+/// written straight to the connection from below hyper, which then closes it.
 pub(super) fn refused_head_answer(refusal: HeadRefusal) -> Vec<u8> {
     let error = match refusal {
         HeadRefusal::TooSlow => ApiError::HeaderTimeout,
