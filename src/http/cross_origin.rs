@@ -1,5 +1,4 @@
-//! Cross-origin requests: poem's CORS, built once, for the origins
-//! `PLANTSTORE_CORS_ALLOWED_ORIGINS` names, and nothing for any other.
+//! Cross-origin requests: poem's CORS, built once, for the allowed origins and no other.
 
 use std::sync::Arc;
 
@@ -37,11 +36,9 @@ fn policy() -> Cors {
         .max_age(PREFLIGHT_MAX_AGE_SECS)
 }
 
-/// Lets the allowed origins call the service; every other request passes untouched.
-/// Another origin is answered as if it sent none: no CORS headers, so its browser blocks
-/// the page, while same-origin requests (Swagger UI sends an Origin with its DELETE) and
-/// servers that forward an Origin are served as usual. The policy's endpoint is built
-/// once, with the app, not per browser request.
+/// Lets the allowed origins call the service. Another origin is answered as if it sent
+/// none (no CORS headers, so its browser blocks the page), so that same-origin requests
+/// (Swagger UI sends an Origin with its DELETE) and servers forwarding one are served.
 pub(super) struct CrossOrigin<E> {
     origins: CorsOrigins,
     plain: Arc<E>,

@@ -13,7 +13,6 @@ use super::{
     routes::RouteFacts,
 };
 
-/// A rendering of the document that failed, so the service cannot serve it.
 #[derive(Debug, thiserror::Error)]
 pub enum DocumentError {
     #[error("poem-openapi's document is not JSON: {0}")]
@@ -23,8 +22,7 @@ pub enum DocumentError {
 }
 
 /// The document's renderings, each kept as `Bytes` so an answer shares it rather than
-/// copying it (the Swagger UI page is over a megabyte), and the facts of the routes it
-/// declares.
+/// copying it (the Swagger UI page is large), and the facts of the routes it declares.
 #[derive(Debug, Clone)]
 pub struct Documents {
     json: Bytes,

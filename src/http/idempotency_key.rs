@@ -14,9 +14,8 @@ pub const HEADER: &str = "Idempotency-Key";
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 pub const MAX_LEN: usize = 255;
 
-/// What `parse` accepts, as a JSON Schema pattern for the OpenAPI document: a bare key
-/// (not starting with a space or a quote), or a quoted string of 1 to 255 characters
-/// where `"` and `\` are escaped.
+/// What `parse` accepts, as a JSON Schema pattern: a bare key (not starting with a space or
+/// a quote), or a quoted string of 1 to 255 characters with `"` and `\` escaped.
 pub const PATTERN: &str = r#"^(?:[!#-~][ -~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")$"#;
 
 /// A header that is not one valid key (the HTTP layer answers it with a 400 `Error`).
@@ -30,10 +29,9 @@ impl ResponseError for InvalidKey {
     }
 }
 
-/// The operation's `Idempotency-Key` parameter: the request's key, or none without the
-/// header. poem-openapi's `Header<String>` would take a value that is not text as no
-/// header at all, and the first of several; this reads every value sent, and documents
-/// the header's real rules.
+/// The operation's `Idempotency-Key` parameter, `None` without the header. poem-openapi's
+/// `Header<String>` would take a non-text value as no header, and the first of several;
+/// this reads every value sent, and documents the header's real rules.
 #[derive(Debug)]
 pub(super) struct IdempotencyKey(pub Option<Arc<str>>);
 

@@ -30,9 +30,8 @@ use cross_origin::CrossOrigin;
 use error::ApiError;
 use front_door::LayerContext;
 
-/// The whole public HTTP app the binary serves; tests serve this very value. `documents`:
-/// the OpenAPI document's renderings, made once at start. With `PLANTSTORE_ADMIN_LISTEN`
-/// set, the ops endpoints are served there, not here.
+/// The whole public HTTP app the binary serves; tests serve this very value. With
+/// `PLANTSTORE_ADMIN_LISTEN` set, the ops endpoints are served there, not here.
 pub fn build(
     state: AppState,
     documents: &Documents,
@@ -76,9 +75,8 @@ pub fn with_layers<E: Endpoint + 'static>(
     layered(routes, state, Arc::default(), cors, config.request_timeout)
 }
 
-/// `routes` in every layer a request passes, outermost first: the front door, CORS for
-/// allowed origins, the answer (state, `request_timeout`, errors), and panics as a 500
-/// `Error`.
+/// `routes` in every layer a request passes, outermost first: the front door, CORS, the
+/// answer (state, `request_timeout`, errors), and panics as a 500 `Error`.
 fn layered<E: Endpoint + 'static>(
     routes: E,
     state: AppState,
@@ -102,9 +100,8 @@ fn layered<E: Endpoint + 'static>(
         .around(move |inner, req| front_door::front_door(inner, req, Arc::clone(&door)))
 }
 
-/// Serves the public app on `acceptor`, each client connection held to its limits, and
-/// with `admin` the ops endpoints there, until `stop()` resolves; requests in flight then
-/// have `PLANTSTORE_SHUTDOWN_GRACE` to finish. Only a listener that fails ends it sooner.
+/// Serves the public app on `acceptor`, and the ops endpoints on `admin`, until `stop()`
+/// resolves and the grace period ends; only a listener that fails ends it sooner.
 pub(crate) async fn serve<Stop: Future<Output = ()>>(
     acceptor: TcpAcceptor,
     admin: Option<TcpAcceptor>,

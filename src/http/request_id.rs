@@ -5,8 +5,6 @@ use std::fmt;
 
 use poem::http::HeaderMap;
 
-/// The request id each request carries, and each answer: the caller's when it is sane,
-/// else a new one.
 pub(super) const REQUEST_ID_HEADER: &str = "x-request-id";
 const REQUEST_ID_MAX_LEN: usize = 128;
 

@@ -12,8 +12,8 @@ use serde_json::Value;
 #[derive(Debug, Clone)]
 pub(super) struct RouteFacts {
     documented: Vec<DocumentedRoute>,
-    /// The label of a request no route matched: a fixed one, so a client cannot make new
-    /// metric series by inventing paths. Made once, as `get_only` is, rather than per answer.
+    /// The label of a request no route matched: fixed, so that a client cannot make new
+    /// metric series by inventing paths.
     unmatched: Arc<str>,
     /// The `Allow` of every route the document does not declare.
     get_only: Arc<str>,
@@ -98,10 +98,9 @@ fn same_route(pattern: &str, path: &str) -> bool {
             .all(|(ours, theirs)| ours == theirs || (is_parameter(ours) && is_parameter(theirs)))
 }
 
-/// The request's URI with every path segment that does not percent-decode to UTF-8
-/// replaced by its lossy decoding, encoded again; `None` when every segment decodes.
-/// poem's router answers such a path with a bare 400 before any route, and so before
-/// authentication; this way a bad segment reaches the route it was sent to, and an
+/// The request's URI with each path segment that does not percent-decode to UTF-8 replaced
+/// by its lossy decoding, encoded again; `None` when all decode. poem's router answers such
+/// a path with a bare 400 before any route, so before authentication; this way an
 /// anonymous caller still gets 401 and an unknown path 404.
 pub(super) fn with_decodable_path(uri: &Uri) -> Option<Uri> {
     let path = uri.path();

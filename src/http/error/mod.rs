@@ -1,6 +1,5 @@
-//! The service's one HTTP error type, and the only place errors become responses: each
-//! variant's status, message and header stand together in `ApiError::answer`; what the
-//! OpenAPI document says of them is in `openapi.rs`.
+//! The service's one HTTP error type, and the only place errors become responses (the table
+//! is `ApiError::answer`); what the OpenAPI document says of them is in `openapi.rs`.
 
 mod openapi;
 
@@ -17,7 +16,6 @@ use poem_openapi::Object;
 use super::idempotency_key::{self, InvalidKey};
 use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
-/// What the service answers to a client's mistake or its own failure.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum ApiError {
     #[error("the plant id is not a base-10 int64")]
@@ -55,7 +53,6 @@ pub(super) enum ApiError {
     /// A JWT's key is not known and the identity provider's JWKS cannot be read now.
     #[error("identity provider keys unavailable")]
     KeysUnavailable,
-    /// The request head did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
     #[error("request head too slow")]
     HeaderTimeout,
     #[error("request line too long")]
@@ -233,7 +230,6 @@ impl ApiError {
         }
     }
 
-    /// The body this error is answered with.
     pub(super) fn body(&self) -> ErrorBody {
         self.answer().body
     }
