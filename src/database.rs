@@ -10,10 +10,9 @@ use plantstore_store::{CommitObserver, Store, StoreError, StoreSettings};
 
 use crate::config::{Backend, Config, DatabaseUrl};
 
-/// Connects to the configured database and makes sure its schema is usable: migrated when
-/// `PLANTSTORE_MIGRATE` is on, and checked either way (an existing `plants` the
-/// migrations leave alone may have an `id` the service cannot delete by). A serving
-/// instance hands `commit_observer` its metrics' batch sizes; a command, none.
+/// Connects and makes sure the schema is usable: migrated if asked, checked either way (an
+/// existing `plants` the migrations leave alone may have an `id` the service cannot delete
+/// by). A serving instance hands `commit_observer` its batch-size metric; a command, none.
 pub async fn open(
     config: &Config,
     commit_observer: Option<Arc<dyn CommitObserver>>,
@@ -37,9 +36,8 @@ pub async fn open(
     Ok(store)
 }
 
-/// Refuses a SQLite file that does not exist, saying where it looked: for the commands
-/// that only work on a database the service already has, where SQLite would make an empty
-/// one in whatever folder they were run from.
+/// Refuses a SQLite file that does not exist, saying where it looked: for commands that
+/// need the service's database, SQLite would make an empty one wherever they were run.
 pub fn existing(url: &DatabaseUrl) -> anyhow::Result<()> {
     if url.backend() == Ok(Backend::Sqlite)
         && let Some(file) = plantstore_sqlite::missing_file(url.expose())

@@ -1,6 +1,5 @@
-//! Whether this instance is ready, and the deletion log's size: `/readyz` asks `Readiness`
-//! on each request, and `sample` reads both in the background for `/metrics` (readiness
-//! every 5 s, the log every minute, since on PostgreSQL its count reads the whole table).
+//! Whether this instance is ready, and the deletion log's size, both read in the background
+//! for `/metrics` (the size seldom: on PostgreSQL counting reads the whole table).
 
 use std::time::Duration;
 
@@ -8,7 +7,6 @@ use plantstore_store::StoreError;
 
 use crate::state::AppState;
 
-/// How often readiness is checked for `/metrics`.
 const CHECK_EVERY: Duration = Duration::from_secs(5);
 /// Every how many checks the log's size is read.
 const LOG_SIZE_EVERY: u32 = 12;
@@ -32,8 +30,7 @@ impl Readiness {
     }
 }
 
-/// Sets the readiness and log-size gauges, for ever (the task is aborted when the instance
-/// stops).
+/// Sets the readiness and log-size gauges, for ever (aborted when the instance stops).
 pub(crate) async fn sample(state: AppState) {
     let mut every = tokio::time::interval(CHECK_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

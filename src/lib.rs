@@ -1,13 +1,9 @@
 //! Plant Store: the published `DELETE /plants/{id}` over SQLite or PostgreSQL.
 //!
-//! Layers, each knowing only those below it: `cli` and `startup` at the top; `http` (the
-//! route table, the operation, the error map), `health` (readiness, and the gauges read in
-//! the background), `delivery` (deletion events delivered to their destinations: webhook endpoints and JetStream streams) and `retention`
-//! (the deletion log kept to its retention); `auth` (who is calling) and `telemetry` (logs,
-//! traces, metrics);
-//! `connection_limits` (client connections below HTTP); `database` (the backend crates
-//! behind `plantstore_store`); `config` at the bottom. Public only what the binary, the
-//! tests and fuzz use.
+//! Layers, each knowing only those below it: `cli` and `startup` at the top; `http`,
+//! `health`, `delivery` and `retention`; `auth` and `telemetry`; `connection_limits`;
+//! `database` (the backend crates behind `plantstore_store`); `config` at the bottom.
+//! Public only what the binary, the tests and fuzz use.
 
 pub mod auth;
 pub mod cli;

@@ -19,7 +19,6 @@ pub struct AppState {
     pub tokens: Arc<TokenCache>,
     pub rate_limiter: Option<Arc<RateLimiter>>,
     pub metrics: Arc<Metrics>,
-    /// JWTs from an identity provider, when the settings name one.
     pub jwt: Option<Arc<JwtVerifier>>,
     pub draining: Draining,
 }
