@@ -29,8 +29,7 @@ const IN_FLIGHT: usize = 64;
 /// How often the log is read without news of commits, for what news misses: another
 /// process's commits on SQLite, news lost in a crash, events committed after their news.
 const POLL: Duration = Duration::from_millis(500);
-/// The least time between two reads: under load news comes with every commit, and a read
-/// per commit would cost a query for every few events.
+/// The least time between reads: under load a read per commit costs a query per few events.
 const READ_GAP: Duration = Duration::from_millis(20);
 /// How often a moving cursor is saved: on SQLite each save queues with the deletes.
 const SAVE_EVERY: Duration = Duration::from_millis(200);
@@ -41,8 +40,7 @@ const CATCH_UP_PROBE: Duration = Duration::from_secs(30);
 
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum DeliveryEnd {
-    /// Another instance holds the lease now, the endpoint was removed, or its cursor was
-    /// moved (`replay`, `enable`).
+    /// The lease is another's, the endpoint was removed, or its cursor moved (`replay`).
     LeaseLost,
     /// The receiver answered 410.
     Disabled,
@@ -58,8 +56,7 @@ struct Progress {
     failing: Option<Failing>,
 }
 
-/// The last attempt's failure, and when the destination is tried next: at the failed
-/// event's own retry, or at the catch-up probe if that comes first.
+/// The last failure; tried next at the failed event's retry, or the probe if sooner.
 struct Failing {
     error: String,
     next_attempt_at: DateTime<Utc>,

@@ -33,8 +33,7 @@ struct Wake {
     probe: Notify,
 }
 
-/// Each resolves to `None` when it was still waiting as this instance began to stop, and
-/// so was never sent.
+/// Each resolves to `None` if it was still waiting when this instance began to stop.
 pub(super) struct Attempts {
     destination: Arc<Destination>,
     wake: Arc<Wake>,
@@ -87,8 +86,7 @@ impl Attempts {
     }
 }
 
-/// Sends one event, after its wait; a retry still waiting when this instance begins to
-/// stop is left for the next start.
+/// Sends one event after its wait; one still waiting at a stop is left for the next start.
 async fn attempt(
     destination: Arc<Destination>,
     to_send: EventToSend,

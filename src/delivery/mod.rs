@@ -53,9 +53,8 @@ pub struct Deliveries {
 }
 
 impl Deliveries {
-    /// Claims endpoints and delivers to them until `stop` resolves; then has each delivery
-    /// save how far it got and gives up its leases, so another instance takes over at once
-    /// and repeats nothing this one saw delivered.
+    /// Claims endpoints and delivers until `stop`; then each delivery saves how far it got
+    /// and the leases are released: another instance takes over at once, repeating nothing.
     pub async fn run(self, stop: impl std::future::Future<Output = ()>) {
         let mut running: HashMap<i64, Running> = HashMap::new();
         let (stopping, stopping_seen) = watch::channel(false);
@@ -199,8 +198,8 @@ impl Deliveries {
         }
     }
 
-    /// Sets the pending and state gauges. An endpoint `counted` last time and gone now was removed:
-    /// nothing is pending for it any more.
+    /// Sets the pending and state gauges; an endpoint `counted` last time and gone now was
+    /// removed: nothing is pending for it any more.
     async fn count_pending(&self, counted: &mut HashSet<i64>) {
         match self.store.list_endpoints().await {
             Ok(endpoints) => {

@@ -68,8 +68,7 @@ impl PendingEvents {
         self.read_to
     }
 
-    /// Takes events just read, in log order; those the endpoint does not want are done
-    /// with at once.
+    /// Takes events just read, in log order; those the endpoint does not want are done now.
     pub(super) fn add(&mut self, events: Vec<Event>, wanted: impl Fn(&Event) -> bool) {
         for event in events {
             self.read_to = event.position;
@@ -124,8 +123,7 @@ impl PendingEvents {
         });
     }
 
-    /// Drops the events done with at the front; the last one's place and entry, if any:
-    /// how far the cursor may move.
+    /// Drops the done events at the front; the last one's position and entry, if any.
     pub(super) fn take_done(&mut self) -> Option<(LogPosition, i64)> {
         let mut last = None;
         while let Some(slot) = self.window.front().filter(|slot| slot.done) {

@@ -124,8 +124,7 @@ impl WebhookClient {
     }
 }
 
-/// A failed request in a line an operator can act on, without the URL (it may hold a
-/// query or credentials).
+/// A failed request told so an operator can act, without the URL (it may hold credentials).
 fn describe(err: reqwest::Error) -> String {
     let err = err.without_url();
     if err.is_timeout() {
@@ -140,8 +139,7 @@ fn describe(err: reqwest::Error) -> String {
     one_line(&err)
 }
 
-/// `Retry-After` in seconds or as an HTTP date (any of the three forms RFC 9110 has
-/// recipients accept), as a wait from `now`.
+/// `Retry-After` in seconds or any HTTP date form RFC 9110 accepts, as a wait from `now`.
 fn retry_after(headers: &HeaderMap, now: DateTime<Utc>) -> Option<Duration> {
     let text = headers.get(header::RETRY_AFTER)?.to_str().ok()?.trim();
     if let Ok(seconds) = text.parse::<u64>() {

@@ -1,7 +1,6 @@
-//! Deletion events into a NATS JetStream stream: one message per event on
-//! `<prefix>.<plant id>`, each published with the stream sequence of its plant's previous
-//! message as `Nats-Expected-Last-Subject-Sequence`, so that a message stored before a
-//! crash but never recorded is found on its subject instead of being stored twice.
+//! Deletion events into a NATS JetStream stream, one message per event on `<prefix>.<plant
+//! id>` expecting its plant's previous one (`Nats-Expected-Last-Subject-Sequence`), so one
+//! stored before a crash but never recorded is found there instead of being stored twice.
 
 mod check;
 mod server;
@@ -95,8 +94,7 @@ impl StreamPublisher {
         Ok(connection)
     }
 
-    /// Drops `connection`, unless another attempt has replaced it already: the next
-    /// attempt connects anew. The client closes once the attempts still using it end.
+    /// Drops `connection` unless another attempt replaced it; the next one connects anew.
     async fn forget(&self, connection: &Arc<Connection>) {
         let mut held = self.connection.lock().await;
         if held
@@ -120,7 +118,6 @@ impl StreamPublisher {
         }
     }
 
-    /// What is stored but not yet saved, for the next report.
     pub(super) fn unsaved(&self) -> Vec<StoredMessage> {
         self.lock_unsaved().unsaved()
     }
@@ -129,7 +126,6 @@ impl StreamPublisher {
         self.lock_unsaved().has_unsaved()
     }
 
-    /// The report carrying `saved` was saved.
     pub(super) fn saved(&self, saved: &[StoredMessage]) {
         self.lock_unsaved().saved(saved);
     }

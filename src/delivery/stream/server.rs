@@ -20,7 +20,6 @@ pub(super) struct Connection {
     pub(super) client: async_nats::Client,
     pub(super) context: jetstream::Context,
     pub(super) stream: Stream<()>,
-    /// What the client last reported going wrong, while it reconnects by itself.
     pub(super) trouble: Trouble,
 }
 
