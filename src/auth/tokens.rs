@@ -26,7 +26,6 @@ const LOOKUP_ID_LEN: usize = 12;
 const SECRET_LEN: usize = 40;
 const MAX_NAME_LEN: usize = 64;
 
-/// The name of the token made on the first start of a database with no tokens.
 pub const INITIAL_TOKEN_NAME: &str = "initial";
 
 #[derive(Debug, thiserror::Error)]
@@ -165,11 +164,9 @@ fn random_alphanumeric(len: usize) -> String {
         .collect()
 }
 
-/// Oldest copy a request is answered from. A revocation committed anywhere is seen by
-/// every request that starts this long after it: within one second, with room to spare.
+/// Oldest copy a request is answered from: a revocation anywhere holds within a second.
 const MAX_AGE: Duration = Duration::from_millis(800);
-/// Past this age, a request answered from the copy starts a reload in the background, so
-/// under steady traffic nobody waits for one.
+/// Past this age, a hit starts a reload in the background, so steady traffic never waits.
 const REFRESH_AFTER: Duration = Duration::from_millis(400);
 /// Reloads start at most this often: an unknown token is judged by a copy loaded after it
 /// arrived (so a new token works), and made-up tokens cost a query per interval, not each.
@@ -351,8 +348,7 @@ mod tests {
             assert!(lookup.expect("task").expect("lookup").is_none());
         }
 
-        // All 500 arrived within moments of each other: one reload, two if some arrived
-        // while the first was running; never one each.
+        // 500 arriving together: one reload, two if some came during the first; never 500.
         assert!(cache.reloads() <= 2, "{} reloads", cache.reloads());
     }
 

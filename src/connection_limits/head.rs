@@ -63,8 +63,8 @@ impl HeadScanner {
         }
     }
 
-    /// Takes the bytes just read. Once it returns anything but `WithinLimits`, the connection is
-    /// to be answered and closed; later calls are meaningless.
+    /// Takes the bytes just read. Once it returns anything but `WithinLimits`, the
+    /// connection is to be answered and closed; later calls are meaningless.
     pub fn feed(&mut self, bytes: &[u8]) -> HeadVerdict {
         for &byte in bytes {
             match self.phase {

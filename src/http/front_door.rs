@@ -32,7 +32,6 @@ use crate::{
 pub(super) struct LayerContext {
     pub(super) state: AppState,
     pub(super) routes: Arc<RouteFacts>,
-    /// `PLANTSTORE_REQUEST_TIMEOUT`.
     pub(super) request_timeout: Duration,
 }
 
@@ -148,8 +147,7 @@ fn deadline_after(limit: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
-/// An error from any layer sorted by its type into ours; `token_sent` and `routes` are for
-/// the headers the answer needs.
+/// An error from any layer sorted by its type into ours.
 fn sorted(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> ApiError {
     let err = match err.downcast::<ApiError>() {
         Ok(ours) => return ours,

@@ -74,8 +74,7 @@ pub struct Metrics {
     recorder: PrometheusRecorder,
     handle: PrometheusHandle,
     deletions: Counter,
-    /// When the log's oldest entry was deleted (Unix ms) at the last read of its size, so
-    /// that its age is as of each scrape.
+    /// When the log's oldest entry was deleted (Unix ms), so its age is as of each scrape.
     oldest_entry_ms: AtomicI64,
     /// CPU, memory, descriptors and threads, named as the Prometheus client libraries do.
     process: metrics_process::Collector,
@@ -314,8 +313,7 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text, with the pool, the queue, the token cache's counts, the oldest
-    /// entry's age and the process's figures read now.
+    /// The Prometheus text, with the store's, token cache's and process's figures read now.
     pub fn render(&self, store: &dyn Store, tokens: TokenCacheCounts) -> String {
         let stats = store.stats();
         self.gauge(DATABASE_HOSTS).set(stats.database_hosts as f64);
