@@ -11,10 +11,8 @@ use crate::telemetry::Metrics;
 
 /// The lease's name in `plantstore_leases`.
 const CHORE: &str = "deletion_log_retention";
-/// How often the holder prunes, starting at the instance's start.
 const EVERY: Duration = Duration::from_secs(60);
-/// How long a lease lasts unrenewed: past it, after a crash, another instance takes over.
-/// The holder renews it before each batch and each round.
+/// How long a lease lasts unrenewed; the holder renews it before each batch and round.
 const CHORE_LEASE: Duration = Duration::from_secs(180);
 /// The pause between batches, in which deletes commit: a shorter one let pruning a backlog
 /// on PostgreSQL raise deletes' p99 at full load past the guard (bench/JOURNAL.md,
@@ -47,7 +45,6 @@ where
 pub(crate) struct Pruning {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) kept: Duration,
-    /// This instance's name in the lease, as in the webhook leases.
     pub(crate) owner: Arc<str>,
     pub(crate) metrics: Arc<Metrics>,
 }

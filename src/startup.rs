@@ -178,8 +178,7 @@ fn once_set(flag: &watch::Receiver<bool>) -> impl Future<Output = ()> + use<> {
     }
 }
 
-/// This instance's name in leases (webhook endpoints, the log's retention): its host and
-/// the address it serves on, which no other running instance has.
+/// This instance's name in leases: its host and the address it serves, which no other has.
 fn lease_owner(address: SocketAddr) -> String {
     let host = nix::unistd::gethostname()
         .ok()

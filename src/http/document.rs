@@ -32,8 +32,7 @@ pub struct Documents {
 }
 
 impl Documents {
-    /// Every rendering, or the reason one failed: the service refuses to start rather
-    /// than serve an empty document.
+    /// Every rendering; the service refuses to start rather than serve an empty document.
     pub fn render() -> Result<Self, DocumentError> {
         let service = service();
         Self::from_spec(&service.spec(), &service.swagger_ui_html())
@@ -102,8 +101,7 @@ pub(super) fn service() -> OpenApiService<PlantsApi, ()> {
         )
 }
 
-/// The document as `plantstore openapi` prints it: poem-openapi's, plus what its response
-/// metadata cannot carry.
+/// The document as `plantstore openapi` prints it, completed as it is served.
 pub fn document() -> Result<Value, DocumentError> {
     completed(&service().spec())
 }

@@ -56,8 +56,7 @@ impl<'a> ApiExtractor<'a> for IdempotencyKey {
         })))
     }
 
-    /// The request's key: none without the header; `InvalidKey` when it is sent twice or is
-    /// not a valid key.
+    /// None without the header; `InvalidKey` when it is sent twice or is not a valid key.
     async fn from_request(
         request: &'a Request,
         _body: &mut RequestBody,
@@ -76,8 +75,7 @@ impl<'a> ApiExtractor<'a> for IdempotencyKey {
 }
 
 /// The key in a header value: the draft's quoted string (`"abc"`, with `\"` and `\\`
-/// escapes) or the bare characters, which name the same key. 1 to 255 printable ASCII
-/// characters (space to `~`), else `InvalidKey`.
+/// escapes) or the bare characters, which name the same key; else `InvalidKey`.
 pub fn parse(value: &str) -> Result<Arc<str>, InvalidKey> {
     let key = match value.strip_prefix('"') {
         Some(quoted) => unquote(quoted).ok_or(InvalidKey)?,

@@ -1,5 +1,4 @@
-//! The HTTP layer's front door: the route table, every layer a response passes, and the
-//! servers, whose client connections `connection_limits` holds to their limits.
+//! The HTTP layer: the route table, every layer a response passes, and the servers.
 
 mod cross_origin;
 mod document;

@@ -13,8 +13,7 @@ use crate::{health::Readiness, state::AppState, telemetry::TokenCacheCounts};
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Probe;
 
-/// `routes` with the ops endpoints, each answer (a refusal of another method too) marked
-/// `Probe`.
+/// `routes` with the ops endpoints, each answer (a 405 too) marked `Probe`.
 pub(super) fn mount(routes: Route) -> Route {
     routes
         .at("/healthz", probe(get(healthz)))

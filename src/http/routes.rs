@@ -7,13 +7,11 @@ use percent_encoding::{NON_ALPHANUMERIC, percent_decode_str, utf8_percent_encode
 use poem::{PathPattern, http::Uri};
 use serde_json::Value;
 
-/// The routes the OpenAPI document declares, each with the methods it answers. The other
-/// routes (the document's renderings, the ops endpoints) have fixed paths and answer GET.
+/// The routes the OpenAPI document declares, with their methods; the others answer GET.
 #[derive(Debug, Clone)]
 pub(super) struct RouteFacts {
     documented: Vec<DocumentedRoute>,
-    /// The label of a request no route matched: fixed, so that a client cannot make new
-    /// metric series by inventing paths.
+    /// The label when no route matched: fixed, so clients cannot invent metric series.
     unmatched: Arc<str>,
     /// The `Allow` of every route the document does not declare.
     get_only: Arc<str>,
@@ -59,9 +57,9 @@ impl RouteFacts {
         }
     }
 
-    /// The route's label in the log line and `/metrics`: the document's spelling of a
-    /// documented route (poem-openapi mounts `/plants/{id}` as `/plants/:param0`), the
-    /// router's pattern of another, and `other` when no route matched.
+    /// The route's label in logs and `/metrics`: the document's spelling of its routes
+    /// (poem-openapi mounts `/plants/{id}` as `/plants/:param0`), else the router's
+    /// pattern, or `other` when none matched.
     pub(super) fn label(&self, pattern: Option<&PathPattern>) -> Arc<str> {
         let Some(PathPattern(pattern)) = pattern else {
             return Arc::clone(&self.unmatched);
@@ -98,10 +96,9 @@ fn same_route(pattern: &str, path: &str) -> bool {
             .all(|(ours, theirs)| ours == theirs || (is_parameter(ours) && is_parameter(theirs)))
 }
 
-/// The request's URI with each path segment that does not percent-decode to UTF-8 replaced
-/// by its lossy decoding, encoded again; `None` when all decode. poem's router answers such
-/// a path with a bare 400 before any route, so before authentication; this way an
-/// anonymous caller still gets 401 and an unknown path 404.
+/// The URI with each path segment that does not percent-decode to UTF-8 re-encoded from its
+/// lossy decoding; `None` when all decode. poem's router would answer a bare 400 before
+/// authentication; this way an anonymous caller still gets 401 and an unknown path 404.
 pub(super) fn with_decodable_path(uri: &Uri) -> Option<Uri> {
     let path = uri.path();
     if !path.contains('%') || decodes(path) {

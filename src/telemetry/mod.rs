@@ -121,8 +121,7 @@ fn tracer_provider(endpoint: &str) -> Result<SdkTracerProvider, String> {
         .build())
 }
 
-/// Makes `span` a child of the caller's trace when spans are exported and the request
-/// carries a W3C `traceparent`.
+/// Makes `span` a child of the caller's W3C `traceparent`, when spans are exported.
 pub fn follow_caller_trace(span: &tracing::Span, headers: &HeaderMap) {
     if !EXPORTING.load(Ordering::Relaxed) {
         return;

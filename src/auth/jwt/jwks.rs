@@ -1,6 +1,5 @@
-//! An identity provider's JWKS: fetched at start, kept, and fetched again when a token
-//! names a key id it does not have (at most every 10 s), so keys rotate without a restart
-//! and an outage of the provider does not fail tokens whose key is already known.
+//! An identity provider's JWKS, fetched at start and again for an unknown key id (at most
+//! every 10 s): keys rotate without a restart, and a provider outage fails no known key.
 
 use std::{
     collections::HashMap,

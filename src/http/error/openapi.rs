@@ -12,8 +12,7 @@ use super::{ApiError, ErrorBody};
 use crate::auth::{AuthFailure, rate_limit::RateLimited};
 
 impl ApiError {
-    /// The statuses the operation documents, each with a typical variant (its example
-    /// body, and the header it carries) and what the document says of the status.
+    /// Each documented status, with a typical variant (example, header) and a description.
     fn documented() -> [(ApiError, &'static str); 10] {
         [
             (
@@ -69,8 +68,7 @@ impl ApiError {
     }
 }
 
-/// Documents every error status of an operation, each with the `Error` schema, so the
-/// OpenAPI document lists what the service can really answer.
+/// Documents every error status the operation can really answer, with the `Error` schema.
 impl ApiResponse for ApiError {
     fn meta() -> MetaResponses {
         let responses = Self::documented()
