@@ -1,5 +1,4 @@
-//! Opens the database `DATABASE_URL` names: the backend picked once from its scheme, then
-//! the schema migrated or checked.
+//! Opens the database: the backend picked from the URL's scheme, the schema then checked.
 
 use std::sync::Arc;
 

@@ -1,5 +1,4 @@
-//! Identity: who a bearer token stands for (the service's own tokens or an identity
-//! provider's JWTs), why one was refused, and how often each caller may come.
+//! Identity: who a bearer token stands for, why one was refused, and each caller's rate.
 
 pub mod jwt;
 pub mod rate_limit;

@@ -4,8 +4,7 @@ use std::{num::NonZeroU32, sync::Arc};
 
 use governor::{DefaultKeyedRateLimiter, Quota, clock::Clock};
 
-/// A GCRA limit per token name (governor's keyed limiter): `rate` requests a second on
-/// average, bursts up to `rate` at once. Each instance counts its own requests.
+/// A GCRA limit per token name: `rate` requests a second on average, bursts up to `rate`.
 #[derive(Debug)]
 pub struct RateLimiter {
     limiter: DefaultKeyedRateLimiter<Arc<str>>,

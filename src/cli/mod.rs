@@ -81,9 +81,8 @@ pub enum DocumentFormat {
 }
 
 impl Cli {
-    /// Parses the command line. The server's own flags stand alone (`plantstore --listen
-    /// …`) or after `serve`; given before a command they would be ignored, so that is an
-    /// error here rather than a surprise later.
+    /// Parses the command line. The server's own flags go alone or after `serve`; before
+    /// another command they would be ignored, so they are an error, not a later surprise.
     pub fn try_parse_args(
         args: impl IntoIterator<Item = std::ffi::OsString>,
     ) -> Result<Self, clap::Error> {

@@ -257,8 +257,8 @@ pub fn name_the_variable(
 }
 
 impl ServeConfig {
-    /// The checks that span settings, made once they are parsed (each value's own are
-    /// made by its parser): in one line naming what to change.
+    /// The checks that span settings (each value's own are its parser's), in one line
+    /// naming what to change.
     pub fn check(&self) -> Result<(), String> {
         self.jwt.check()?;
         self.webhooks.check()?;

@@ -24,8 +24,7 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// `PLANTSTORE_RATE_LIMIT`: a positive number of requests per second, or off. Empty reads
-/// as off, so `PLANTSTORE_RATE_LIMIT=` in a compose file or `.env` does what it looks like.
+/// Empty reads as off, so `PLANTSTORE_RATE_LIMIT=` in a compose file means what it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimit(pub Option<NonZeroU32>);
 
@@ -65,7 +64,6 @@ impl FromStr for Retention {
     }
 }
 
-/// `PLANTSTORE_CORS_ALLOWED_ORIGINS`: which browser origins may call the service.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum CorsOrigins {
     /// No CORS at all: a preflight is a 405 like any other OPTIONS.
@@ -77,7 +75,6 @@ pub enum CorsOrigins {
 }
 
 impl CorsOrigins {
-    /// Whether a request's `Origin` header names an allowed origin.
     pub fn allows(&self, origin: &str) -> bool {
         match self {
             CorsOrigins::Off => false,
@@ -121,8 +118,7 @@ fn origin(text: &str) -> Result<String, String> {
     }
 }
 
-/// `PLANTSTORE_ADMIN_LISTEN`: an address, or none when empty, so that
-/// `PLANTSTORE_ADMIN_LISTEN=` in a compose file or `.env` does what it looks like.
+/// Empty is none, so `PLANTSTORE_ADMIN_LISTEN=` in a compose file means what it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AdminListen(pub Option<SocketAddr>);
 

@@ -1,5 +1,4 @@
-//! How long to wait before the next attempt of an event: exponential, with full jitter,
-//! and never sooner than the receiver's `Retry-After`.
+//! How long an event waits before its next attempt: exponential backoff with full jitter.
 
 use std::time::Duration;
 

@@ -1,5 +1,4 @@
-//! What an event is, whatever its destination: its id, the same on every attempt, and its
-//! body, the deletion log entry as JSON.
+//! An event's id and body (the deletion log entry as JSON), whatever its destination.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use plantstore_store::{

@@ -12,7 +12,6 @@ use poem::{
 use super::{error::ApiError, request_id::REQUEST_ID_HEADER};
 use crate::config::CorsOrigins;
 
-/// How long a browser on an allowed origin may cache a preflight's answer.
 const PREFLIGHT_MAX_AGE_SECS: i32 = 600;
 
 /// What an allowed origin may do: delete, with the headers the operation reads, and read

@@ -47,8 +47,7 @@ impl PlantsApi {
     /// Delete a plant
     ///
     /// Deletes a single plant based on the ID supplied
-    // The bearer parameter comes first: an anonymous request must get 401 before its id
-    // is even parsed.
+    // The bearer parameter first: an anonymous request gets 401 before its id is parsed.
     #[oai(
         path = "/plants/:id",
         method = "delete",

@@ -1,5 +1,4 @@
-//! The request id each request carries, and each answer: the caller's when it is sane, else
-//! a new one.
+//! The request id each request and answer carry: the caller's when sane, else a new one.
 
 use std::fmt;
 

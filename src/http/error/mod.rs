@@ -50,7 +50,6 @@ pub(super) enum ApiError {
     /// `/readyz` after SIGTERM, while the instance drains (`PLANTSTORE_SHUTDOWN_DELAY`).
     #[error("shutting down")]
     ShuttingDown,
-    /// A JWT's key is not known and the identity provider's JWKS cannot be read now.
     #[error("identity provider keys unavailable")]
     KeysUnavailable,
     #[error("request head too slow")]
@@ -73,11 +72,9 @@ pub(super) struct ErrorBody {
     pub message: String,
 }
 
-/// Seconds a client should wait before retrying after a 503.
 const UNAVAILABLE_RETRY_AFTER_SECS: u64 = 2;
 
-/// An error's whole answer but the body's framing: status, sentence, and the one header
-/// some statuses need.
+/// An error's whole answer but the body's framing: status, sentence and optional header.
 pub(super) struct Answer {
     status: StatusCode,
     body: ErrorBody,
