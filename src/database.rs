@@ -9,9 +9,8 @@ use plantstore_store::{CommitObserver, Store, StoreError, StoreSettings};
 
 use crate::config::{Backend, Config, DatabaseUrl};
 
-/// Connects and makes sure the schema is usable: migrated if asked, checked either way (an
-/// existing `plants` the migrations leave alone may have an `id` the service cannot delete
-/// by). A serving instance hands `commit_observer` its batch-size metric; a command, none.
+/// Connects and checks the schema, migrated first if asked (an existing `plants` may have
+/// an `id` the service cannot delete by); `commit_observer` gets batch sizes when serving.
 pub async fn open(
     config: &Config,
     commit_observer: Option<Arc<dyn CommitObserver>>,

@@ -50,9 +50,8 @@ pub(crate) struct Pruning {
 }
 
 impl Pruning {
-    /// Prunes every `EVERY` while this instance holds the chore's lease, until `stop`; then
-    /// gives the lease back, so the next instance (a restart, a deploy) takes the chore at
-    /// once, not when the lease runs out. A batch cut short by `stop` commits nothing.
+    /// Prunes each `EVERY` while holding the chore's lease, until `stop`, then releases it
+    /// for the next instance at once. A batch cut short by `stop` commits nothing.
     pub(crate) async fn run(self, stop: impl Future<Output = ()>) {
         tokio::select! {
             () = self.prune_each_round() => {}

@@ -187,7 +187,6 @@ fn lease_owner(address: SocketAddr) -> String {
     format!("{host} {address}")
 }
 
-/// Binds `address`; the address actually bound comes back (port 0 becomes a real port).
 async fn bind(address: SocketAddr) -> anyhow::Result<(TcpAcceptor, SocketAddr)> {
     let acceptor = TcpListener::bind(address)
         .into_acceptor()

@@ -44,7 +44,6 @@ pub enum TokenError {
     Store(#[from] StoreError),
 }
 
-/// Why a presented token was refused, or that it could not be checked at all.
 #[derive(Debug)]
 pub enum Rejection {
     Invalid(AuthFailure),
@@ -127,7 +126,6 @@ pub async fn verify(
     }
 }
 
-/// Whether a presented token has the form of the service's own (`pst_…`).
 pub fn is_ours(presented: &str) -> bool {
     presented.starts_with(PREFIX)
 }
@@ -172,7 +170,6 @@ const REFRESH_AFTER: Duration = Duration::from_millis(400);
 /// arrived (so a new token works), and made-up tokens cost a query per interval, not each.
 const MIN_RELOAD_INTERVAL: Duration = Duration::from_millis(100);
 
-/// What the cache keeps of a token: everything `verify` checks.
 #[derive(Debug)]
 pub struct CachedToken {
     pub name: Arc<str>,

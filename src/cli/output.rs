@@ -5,9 +5,8 @@ use std::io::{ErrorKind, Write};
 use chrono::{DateTime, SecondsFormat, Utc};
 use reqwest::Url;
 
-/// Writes to stdout. A reader that has read all it wanted (`… | head -1`) is no failure:
-/// the rest goes nowhere and the command ends as it would have, where `println!` would
-/// panic. Any other failure to write (a full disk) is one line on stderr and status 1.
+/// Writes to stdout. A reader gone (`… | head -1`) is no failure, where `println!` would
+/// panic; any other failed write (a full disk) is one line on stderr and status 1.
 pub(crate) fn write_out(text: std::fmt::Arguments<'_>) {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_fmt(text).and_then(|()| stdout.flush()) {

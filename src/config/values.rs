@@ -175,10 +175,9 @@ impl DatabaseUrl {
         &self.0
     }
 
-    /// The URL with any password as `***`, safe on malformed input too (the error saying
-    /// the URL is bad shows it): without `://` only the scheme shows; the user info ends at
-    /// the last `@`, as a password may hold `/`, `?` or `#` unencoded (masking too much is
-    /// harmless); query parameters named like a password are masked.
+    /// The URL with any password as `***`, safe on malformed input (the error about a bad
+    /// URL shows it): the user info ends at the last `@`, as a password may hold `/`, `?`
+    /// or `#` unencoded, and query parameters named like a password are masked.
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             let scheme = self.0.split(':').next().unwrap_or_default();

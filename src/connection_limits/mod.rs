@@ -34,9 +34,7 @@ const LINGER: Duration = Duration::from_secs(2);
 pub enum HeadRefusal {
     /// It did not arrive within `PLANTSTORE_HEADER_TIMEOUT`.
     TooSlow,
-    /// Its request line is longer than `head::MAX_HEAD_BYTES`.
     UriTooLong,
-    /// It is longer than `head::MAX_HEAD_BYTES` or has more than `head::MAX_HEADER_LINES`.
     TooLarge,
 }
 
@@ -90,10 +88,9 @@ impl<A: Acceptor> Acceptor for CappedAcceptor<A> {
     }
 }
 
-/// A connection that gives its slot back when it closes, fails its read after the idle
-/// timeout, and answers a too slow or too large head itself, then closes. Below HTTP,
-/// because poem's idle timeout waits forever on a half-sent head, poem sets hyper no header
-/// timeout, and hyper answers an oversized head with a bare status.
+/// A connection that frees its slot on close, fails its read after the idle timeout, and
+/// answers a too slow or too large head itself: poem's idle timeout waits for ever on a
+/// half-sent head, poem sets hyper no header timeout, and hyper's answer is a bare status.
 pub struct ClientConnection<T> {
     io: T,
     _slot: OwnedSemaphorePermit,

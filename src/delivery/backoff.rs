@@ -6,9 +6,8 @@ use rand::Rng;
 
 use crate::config::DeliveryConfig;
 
-/// The wait after `failures` failed attempts (1 after the first): random between `min` and
-/// `min · 2^(failures-1)`, capped at `max`; full jitter spreads many events' retries over
-/// the window instead of sending them together. `retry_after` raises it, up to `max`.
+/// The wait after `failures` failures: random from `min` to `min · 2^(failures-1)` (full
+/// jitter spreads retries apart), capped at `max`, and raised by `retry_after` up to `max`.
 pub(super) fn retry_wait(
     config: &DeliveryConfig,
     failures: u32,

@@ -74,7 +74,6 @@ impl Progress {
         }
     }
 
-    /// Moves the cursor over the events delivered in log order.
     fn advance(&mut self, pending: &mut PendingEvents) {
         if let Some((position, entry)) = pending.take_done() {
             self.cursor = position;
@@ -188,7 +187,6 @@ impl DeliveryLoop {
                         .await;
                 }
             };
-            // Every outcome already back is settled before the loop goes round again.
             let mut next = Some(outcome);
             while let Some(outcome) = next {
                 if let Some(outcome) = outcome {

@@ -25,7 +25,6 @@ pub fn sign(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Option<Strin
 pub(super) struct Key(Hmac<Sha256>);
 
 impl Key {
-    /// `None` when the stored secret is not `whsec_` and base64.
     pub(super) fn of(secret: &str) -> Option<Self> {
         let key = STANDARD
             .decode(secret.strip_prefix(PREFIX).unwrap_or(secret))

@@ -72,9 +72,8 @@ impl WebhookClient {
         })
     }
 
-    /// Signs and POSTs `event`, so a retry after a rotation carries the new secret. No
-    /// redirect is followed: a moved receiver is a failure to show, not a place to send
-    /// signed events unasked. What comes back names neither the URL nor its credentials.
+    /// Signs (so a retry after a rotation has the new secret) and POSTs `event`. A redirect
+    /// is a failure to show, not a place to send signed events; no error names the URL.
     pub(super) async fn post(&self, event: &Event) -> Attempt {
         // Only in a test build: a fault caused on purpose, to show that a panic in one
         // destination's delivery is caught and shown (tests/api/webhooks/delivery.rs).

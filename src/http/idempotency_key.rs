@@ -29,9 +29,8 @@ impl ResponseError for InvalidKey {
     }
 }
 
-/// The operation's `Idempotency-Key` parameter, `None` without the header. poem-openapi's
-/// `Header<String>` would take a non-text value as no header, and the first of several;
-/// this reads every value sent, and documents the header's real rules.
+/// The `Idempotency-Key` parameter: poem-openapi's `Header<String>` would take a non-text
+/// value as no header, and the first of several; this reads all, and documents the rules.
 #[derive(Debug)]
 pub(super) struct IdempotencyKey(pub Option<Arc<str>>);
 

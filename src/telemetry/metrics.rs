@@ -213,7 +213,6 @@ impl Metrics {
             .increment(entries);
     }
 
-    /// The last readiness check's outcome.
     pub fn health(&self, ready: bool, database_reachable: bool) {
         self.gauge(READY).set(f64::from(u8::from(ready)));
         self.gauge(DATABASE_REACHABLE)
@@ -360,7 +359,6 @@ fn oldest_age(oldest_ms: i64, now: DateTime<Utc>) -> f64 {
     (now.timestamp_millis().saturating_sub(oldest_ms)).max(0) as f64 / 1000.0
 }
 
-/// The token cache's lookups and reloads since start, as `render` shows them.
 #[derive(Debug, Clone, Copy)]
 pub struct TokenCacheCounts {
     pub hits: u64,
@@ -372,7 +370,6 @@ fn labelled(name: &'static str, label: &'static str, value: impl Into<SharedStri
     Key::from_parts(name, vec![Label::new(label, value)])
 }
 
-/// The store's group commits, as a histogram of their sizes.
 #[derive(Debug)]
 struct BatchSizes(Histogram);
 

@@ -38,9 +38,8 @@ const EVENT_TYPE_HEADER: &str = "Plantstore-Event-Type";
 /// subject emptied (limits, a purge); beyond that, something else keeps publishing there.
 const REPUBLISH: usize = 4;
 
-/// A stream destination's broker, stream and subjects, connected on first use and again
-/// after a failed connect or an unacknowledged publish: the client reconnects by itself on
-/// a close or reset, but a path gone silent looks alive to it until its next ping.
+/// A stream destination's connection, made on first use and again after a failed connect or
+/// an unacknowledged publish: the client's own reconnects miss a path gone silent.
 pub(super) struct StreamPublisher {
     server: Server,
     target: StreamTarget,
@@ -137,10 +136,9 @@ impl StreamPublisher {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Publishes `event` after `last`, the plant's unsaved message if any; without one the
-    /// subject is expected empty (nearly every plant's first message: no store read). When
-    /// that is refused, the store's record is read and the event published after it.
-    /// Returns the plant's last message, whether published now or found stored already.
+    /// Publishes `event` after `last`, the plant's unsaved message; without one the subject
+    /// is expected empty (no store read for most first messages), and if that is refused
+    /// the store's record is read. Returns the plant's last message, new or found stored.
     async fn publish_after(
         &self,
         event: &Event,
@@ -284,7 +282,6 @@ impl StreamPublisher {
     }
 }
 
-/// A refused or unanswered publish in a line an operator can act on.
 fn describe_publish(err: &jetstream::context::PublishError, target: &StreamTarget) -> String {
     match err.kind() {
         PublishErrorKind::StreamNotFound => format!(
