@@ -19,8 +19,7 @@ const CHORE_LEASE: Duration = Duration::from_secs(180);
 /// "retention on PostgreSQL, profiled and paced").
 const PAUSE: Duration = Duration::from_millis(200);
 
-/// Prunes the entries deleted before `before` in batches, while `may_go_on` says so before
-/// each; how many went.
+/// Prunes entries deleted before `before` in batches while `may_go_on`; how many went.
 pub(crate) async fn prune<F, Next>(
     store: &dyn Store,
     before: DateTime<Utc>,
@@ -77,8 +76,7 @@ impl Pruning {
                 Ok(pruned) => {
                     self.metrics.pruned(pruned);
                     tracing::info!(pruned, %before, "pruned the deletion log to its retention");
-                    // The size gauges are read each minute; after a prune, an operator
-                    // watching them should not wait for that.
+                    // Read now: the gauges' own read is a minute away.
                     match self.store.log_size().await {
                         Ok(size) => self.metrics.log_size(size),
                         Err(err) => {

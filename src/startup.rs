@@ -23,8 +23,7 @@ use crate::{
 /// stop for ever, and delivery and the leases are built to survive an exit like a crash.
 const BACKGROUND_ON_STOP: Duration = Duration::from_secs(10);
 
-/// A bound, ready-to-serve instance. Building it does all the work that can fail at start,
-/// so `run_until_stopped` only serves.
+/// A bound instance: building it does all that can fail at start, so running only serves.
 pub struct Application {
     acceptor: TcpAcceptor,
     address: SocketAddr,

@@ -23,8 +23,7 @@ pub struct AppState {
     pub draining: Draining,
 }
 
-/// Set once a shutdown is asked for: the instance still serves, but tells load balancers
-/// and clients to go elsewhere (`PLANTSTORE_SHUTDOWN_DELAY`).
+/// Set once a shutdown is asked for: still serving, but telling clients to go elsewhere.
 #[derive(Debug, Clone, Default)]
 pub struct Draining(Arc<AtomicBool>);
 

@@ -222,8 +222,7 @@ impl TokenCache {
         self.misses.load(Ordering::Relaxed)
     }
 
-    /// The token with this lookup id, from a copy no older than `MAX_AGE`; an unknown
-    /// id is looked up in a copy loaded after this call began.
+    /// From a copy at most `MAX_AGE` old; an unknown id, from one loaded after the call.
     pub async fn get(
         self: &Arc<Self>,
         lookup_id: &str,

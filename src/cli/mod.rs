@@ -159,8 +159,7 @@ impl Cli {
             Some(command) => command,
         };
         config.migrate |= matches!(command, Command::Migrate);
-        // Only these may make a new SQLite file; the others would register into, or read,
-        // an empty database of their own when run from another folder.
+        // Only these may make a SQLite file: others, run elsewhere, would get an empty one.
         if !matches!(command, Command::Migrate | Command::Seed { .. }) {
             database::existing(&config.database_url)?;
         }

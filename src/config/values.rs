@@ -148,8 +148,7 @@ pub enum Backend {
     Postgres,
 }
 
-/// `DATABASE_URL`, which may hold a password: `Debug` and `Display` never show it, and
-/// a bad value is reported without echoing it.
+/// `DATABASE_URL`, which may hold a password: never shown, nor echoed in an error.
 #[derive(Clone)]
 pub struct DatabaseUrl(String);
 

@@ -1,8 +1,7 @@
 //! Where each HTTP/1 request head starts and ends, read from the bytes as they arrive, so a
 //! head too long, too slow or of too many lines gets our answer, not hyper's bare status.
 
-/// Longest request head accepted (request line and header lines), far under hyper's own
-/// buffer limit so the answer is always ours.
+/// Longest request head accepted, far under hyper's buffer limit so the answer is ours.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most header lines accepted: hyper's own limit, which it answers with a bare 431.
 pub const MAX_HEADER_LINES: usize = 100;
@@ -63,8 +62,7 @@ impl HeadScanner {
         }
     }
 
-    /// Takes the bytes just read. Once it returns anything but `WithinLimits`, the
-    /// connection is to be answered and closed; later calls are meaningless.
+    /// Takes bytes just read; once it returns other than `WithinLimits`, answer and close.
     pub fn feed(&mut self, bytes: &[u8]) -> HeadVerdict {
         for &byte in bytes {
             match self.phase {

@@ -103,8 +103,7 @@ pub struct ClientConnection<T> {
     refusal: Option<RefusedHead>,
 }
 
-/// An answer being written to a refused client, then its remaining bytes read and dropped
-/// for up to `LINGER`, then end of stream for hyper.
+/// An answer written to a refused client, its later bytes drained for up to `LINGER`.
 struct RefusedHead {
     answer: Vec<u8>,
     written: usize,

@@ -53,8 +53,7 @@ impl Destination {
         }
     }
 
-    /// What must be saved with the position: the messages a stream stored since the last
-    /// save, so that a plant's next is published after its last.
+    /// The messages a stream stored since the last save, to be saved with the position.
     pub(super) fn unsaved(&self) -> Vec<StoredMessage> {
         match self {
             Destination::Webhook(_) => Vec::new(),

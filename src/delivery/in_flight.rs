@@ -1,5 +1,4 @@
-//! One destination's attempts in flight or waiting to be retried: each waits for its time,
-//! unless the destination came back or the catch-up probe picks it.
+//! One destination's attempts in flight, or waiting for their time to be retried.
 
 use std::{sync::Arc, time::Duration};
 

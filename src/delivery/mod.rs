@@ -198,8 +198,7 @@ impl Deliveries {
         }
     }
 
-    /// Sets the pending and state gauges; an endpoint `counted` last time and gone now was
-    /// removed: nothing is pending for it any more.
+    /// Sets the pending and state gauges, zeroing those of endpoints gone since last time.
     async fn count_pending(&self, counted: &mut HashSet<i64>) {
         match self.store.list_endpoints().await {
             Ok(endpoints) => {

@@ -42,8 +42,7 @@ struct Slot {
 pub(super) struct PendingEvents {
     window: VecDeque<Slot>,
     read_to: LogPosition,
-    /// Plants with an event in flight or waiting to be retried, and the events of theirs
-    /// that wait behind it.
+    /// Plants with an event in flight or waiting for a retry; `behind`, their later events.
     busy: HashSet<i64>,
     behind: HashMap<i64, VecDeque<Event>>,
     ready: VecDeque<EventToSend>,

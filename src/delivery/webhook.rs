@@ -18,8 +18,7 @@ use super::{
 };
 use crate::{config::DeliveryConfig, telemetry::one_line};
 
-/// The most of an answer's body read: enough to keep the connection after a receiver's
-/// usual short reply; a longer one's connection is closed instead.
+/// Most of an answer's body read: enough to reuse the connection after a short reply.
 const BODY_READ: usize = 64 * 1024;
 /// How long an unused connection to a receiver is kept: receivers close theirs after a few
 /// seconds (Node.js after 5, gunicorn after 2), and a request sent as one closes fails.
@@ -36,8 +35,7 @@ pub(super) struct WebhookClient {
 }
 
 impl WebhookClient {
-    /// `http2`: HTTP/2 with prior knowledge (on https, ALPN picks it where offered). The
-    /// error says why the stored URL cannot be used, without the URL.
+    /// `http2`: HTTP/2 with prior knowledge (on https, ALPN picks it). Errors omit the URL.
     pub(super) fn new(
         text: &str,
         http2: bool,

@@ -111,8 +111,7 @@ pub fn yaml(document: &Value) -> Result<String, DocumentError> {
     Ok(serde_yaml::to_string(document)?)
 }
 
-/// poem-openapi's document `spec`, with an example `Error` body for each error status and
-/// `x-request-id` on every response.
+/// poem-openapi's `spec`, with example `Error` bodies and `x-request-id` on every response.
 fn completed(spec: &str) -> Result<Value, DocumentError> {
     let mut document: Value = serde_json::from_str(spec)?;
     let operations = document["paths"]

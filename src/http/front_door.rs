@@ -135,8 +135,7 @@ pub(super) async fn answer<E: Endpoint>(
     Ok(response)
 }
 
-/// The instant a request is answered 503 unless answered before; handlers read it from the
-/// request's extensions and hand it to the store.
+/// The instant a request is answered 503; handlers hand it on from extensions to the store.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct RequestDeadline(pub tokio::time::Instant);
 
@@ -178,8 +177,7 @@ fn sorted(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> ApiError {
     }
 }
 
-/// A request head the connection limits refused: the error's response as HTTP/1.1 bytes,
-/// written straight to the connection from below hyper, which then closes it.
+/// A refused head's answer as HTTP/1.1 bytes, written from below hyper before it closes.
 pub(super) fn refused_head_answer(refusal: HeadRefusal) -> Vec<u8> {
     let error = match refusal {
         HeadRefusal::TooSlow => ApiError::HeaderTimeout,

@@ -1,5 +1,4 @@
-//! The `Idempotency-Key` request header (draft-ietf-httpapi-idempotency-key-header): what
-//! a valid key is, and the operation's parameter that reads it.
+//! The `Idempotency-Key` request header (draft-ietf-httpapi-idempotency-key-header).
 
 use std::sync::Arc;
 
@@ -87,8 +86,7 @@ pub fn parse(value: &str) -> Result<Arc<str>, InvalidKey> {
     Ok(key.into())
 }
 
-/// The inside of a quoted string whose opening quote is gone: up to an unescaped closing
-/// quote, which must end the value.
+/// A quoted string's inside, up to an unescaped closing quote, which must end the value.
 fn unquote(quoted: &str) -> Option<String> {
     let mut key = String::with_capacity(quoted.len());
     let mut chars = quoted.chars();

@@ -11,8 +11,7 @@ const REQUEST_ID_MAX_LEN: usize = 128;
 pub(super) struct RequestId(String);
 
 impl RequestId {
-    /// Keeps the caller's id only when it is short and plain, so it is safe to echo in a
-    /// header, to log and to store in the audit table.
+    /// Keeps the caller's id only if short and plain: safe to echo, log and audit.
     pub(super) fn from_headers(headers: &HeaderMap) -> Self {
         headers
             .get(REQUEST_ID_HEADER)

@@ -1,5 +1,4 @@
-//! What the service tells its operators: logs on stderr (text or JSON lines), spans over
-//! OTLP when an endpoint is set, and the `/metrics` registry.
+//! What operators are told: logs on stderr, spans over OTLP, and the `/metrics` registry.
 
 mod error_line;
 mod metrics;

@@ -47,8 +47,7 @@ struct Verified {
 }
 
 impl Verified {
-    /// Whether the token may still be answered from memory at `now`. Saturating: `exp`
-    /// is the token's own claim, and a huge one must not overflow.
+    /// Whether still answerable from memory; saturating, as a huge `exp` must not overflow.
     fn in_force(&self, now: u64) -> bool {
         now < self.expires_at.saturating_add(LEEWAY_SECS)
     }
@@ -74,8 +73,7 @@ enum Scopes {
 impl JwtVerifier {
     /// The verifier the settings ask for; `None` when no key source is set.
     pub async fn from_config(config: &JwtConfig) -> anyhow::Result<Option<Arc<Self>>> {
-        // An empty setting (`PLANTSTORE_JWT_SECRET=` in a compose file) is unset: an empty
-        // HS256 secret would let anyone sign tokens.
+        // An empty setting is unset: an empty HS256 secret would let anyone sign tokens.
         let config = config.without_empty_values();
         // One key source at most, and a long enough secret: `JwtConfig::check` saw to both.
         let keys = match (&config.jwt_secret, &config.jwt_public_key, &config.jwks_url) {

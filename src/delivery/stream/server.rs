@@ -23,8 +23,7 @@ pub(super) struct Connection {
     pub(super) trouble: Trouble,
 }
 
-/// The client's last problem with the broker, for the operator, cleared when it connects
-/// again: the client's own log lines are off (telemetry), so the cause is told here.
+/// The client's last problem, cleared on reconnecting; told here, as its own logs are off.
 pub(super) type Trouble = Arc<Mutex<Option<String>>>;
 
 impl Connection {

@@ -106,8 +106,7 @@ impl Answer {
 }
 
 impl ApiError {
-    /// The table: what each variant answers. Responses, the OpenAPI document's statuses,
-    /// headers and examples are all read from here.
+    /// The table of answers: responses and the document's statuses, headers and examples.
     pub(super) fn answer(&self) -> Answer {
         use StatusCode as S;
         match self {
