@@ -17,7 +17,6 @@ impl RateLimiter {
         }
     }
 
-    /// Lets one request of `key` through, or says how long until one may go.
     pub fn check(&self, key: &Arc<str>) -> Result<(), RateLimited> {
         self.limiter.check_key(key).map_err(|not_until| {
             let wait = not_until.wait_time_from(self.limiter.clock().now());
@@ -29,7 +28,6 @@ impl RateLimiter {
     }
 }
 
-/// A request over its caller's limit, and the whole seconds until one may go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("rate limited")]
 pub struct RateLimited {

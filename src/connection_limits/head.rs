@@ -53,9 +53,8 @@ impl HeadScanner {
         matches!(self.phase, Phase::Idle | Phase::Head)
     }
 
-    /// The server started writing an answer: what the client sends next is a new head.
-    /// (No operation reads a body, so hyper never writes `100 Continue` mid-body: the
-    /// test `no_operation_reads_a_request_body` holds the service to that.)
+    /// The server started answering: the client's next bytes are a new head (no operation
+    /// reads a body, so no mid-body `100 Continue`: `no_operation_reads_a_request_body`).
     pub fn answered(&mut self) {
         if self.phase == Phase::Body {
             self.phase = Phase::Idle;

@@ -153,7 +153,6 @@ impl<T: AsyncRead + AsyncWrite + Unpin> ClientConnection<T> {
         }
     }
 
-    /// Looks at bytes just read: starts or stops the head clock, or refuses the head.
     fn inspect(&mut self, bytes: &[u8]) -> Result<(), HeadRefusal> {
         match self.heads.feed(bytes) {
             HeadVerdict::WithinLimits => {}

@@ -194,7 +194,6 @@ impl DeliveryLoop {
                     if let Some(end) = self.settle(outcome, &mut pending, &mut progress).await {
                         return end;
                     }
-                    // The destination is back: what waits on it goes now.
                     if was_failing && progress.failing.is_none() {
                         in_flight.destination_back();
                     }

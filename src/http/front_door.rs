@@ -146,7 +146,6 @@ fn deadline_after(limit: Duration) -> tokio::time::Instant {
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
 }
 
-/// An error from any layer sorted by its type into ours.
 fn sorted(err: poem::Error, token_sent: bool, routes: &RouteFacts) -> ApiError {
     let err = match err.downcast::<ApiError>() {
         Ok(ours) => return ours,

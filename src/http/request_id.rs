@@ -21,7 +21,6 @@ impl RequestId {
             .unwrap_or_else(Self::generate)
     }
 
-    /// A new random id, for a request that brought none.
     pub(super) fn generate() -> Self {
         Self(uuid::Uuid::new_v4().to_string())
     }

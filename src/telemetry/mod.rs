@@ -44,11 +44,10 @@ impl Telemetry {
     }
 }
 
-/// Installs the global subscriber. Logs go to stderr so stdout carries only what a command
-/// prints for scripts (a new token). A thread of their own writes the lines, so a request
-/// pays no `write` under load (bench/JOURNAL.md, "Figures moved out of code comments");
-/// none is dropped: a full queue makes logging wait. Our spans go to `otlp_endpoint`
-/// whatever `RUST_LOG` says; without one, nothing of OpenTelemetry is installed.
+/// Installs the global subscriber. Logs go to stderr, so stdout holds only what commands
+/// print for scripts; a thread of their own writes them, so no request pays a `write`
+/// (bench/JOURNAL.md), and a full queue makes logging wait, not drop lines. Our spans go
+/// to `otlp_endpoint` whatever `RUST_LOG` says; without one, no OpenTelemetry is installed.
 pub fn init(
     filter: &str,
     format: LogFormat,

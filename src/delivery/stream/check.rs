@@ -9,7 +9,6 @@ use plantstore_store::destinations::StreamTarget;
 use super::server::{Server, Trouble, jetstream_missing};
 use crate::telemetry::one_line;
 
-/// What a stream destination's command is about to do with the stream.
 pub(crate) enum TargetUse {
     /// Publish from the start (`add`; `replay`, which keeps its prefix): the stream must
     /// hold no message under the prefix, where this destination expects none.
