@@ -129,7 +129,8 @@ impl StreamPublisher {
         self.lock_unsaved().saved(saved);
     }
 
-    /// No lock is held across an await, so none is ever poisoned by one.
+    /// Held for short updates only, never across an await; a lock poisoned by a panic in
+    /// one is taken as it is, so that one panic does not become one per later attempt.
     fn lock_unsaved(&self) -> std::sync::MutexGuard<'_, UnsavedMessages> {
         self.unsaved
             .lock()
