@@ -13,12 +13,13 @@ import nats
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import StorageType
 
-from fleet import fail, free_port, psql_or_sqlite, wait_until
+from toolkit.common import fail, free_port, wait_until
+from fixtures import psql_or_sqlite
 
 
 class Broker:
     """A `nats-server -js` storing in a new folder of `work`, listening on `address` (inside
-    `host`, a fleet.TestHost, when one is given), with a stream PLANTS on
+    `host`, a fixtures.TestHost, when one is given), with a stream PLANTS on
     plantstore.plants.> for the service's stream destination."""
 
     STREAM = "PLANTS"

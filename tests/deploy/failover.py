@@ -20,134 +20,23 @@ Python with nats-py:
 """
 
 import argparse
-import glob
-import json
 import os
 import shutil
 import signal
-import subprocess
+import sys
 import tempfile
-import threading
 import time
+from pathlib import Path
 
-from broker import Broker, check_stream
-from fleet import (Clients, Instance, check_database, fail, fail_on, free_port, prepare_database,
-                   wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port  # noqa: E402
+from toolkit.pg_auto_failover import Cluster, Writability  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from broker import Broker, check_stream  # noqa: E402
+from fixtures import Clients, check_database, fail_on  # noqa: E402
 
 WHAT = "failover"
 BACK_WITHIN = 5.0  # seconds from a primary accepting writes to 204s again
-
-
-class Cluster:
-    """A pg_auto_failover monitor and two nodes in `work`, run as the postgres user."""
-
-    def __init__(self, work):
-        self.work = work
-        self.pg_ctl = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"))[-1]
-        self.env = {
-            "PATH": f"{os.path.dirname(self.pg_ctl)}:/usr/sbin:/usr/bin:/sbin:/bin",
-            "XDG_CONFIG_HOME": f"{work}/config",
-            "XDG_DATA_HOME": f"{work}/data",
-            "HOME": work,
-        }
-        self.ports = {name: free_port() for name in ("monitor", "node1", "node2")}
-        self.processes = []
-
-    def autoctl(self, *args, background=None):
-        command = ["runuser", "-u", "postgres", "--", "pg_autoctl", *args]
-        if background:
-            log = open(os.path.join(self.work, f"{background}.log"), "w")
-            self.processes.append(subprocess.Popen(command, env=self.env, stdout=log,
-                                                   stderr=subprocess.STDOUT, cwd=self.work))
-            return ""
-        return subprocess.run(command, env=self.env, check=True, capture_output=True,
-                              text=True, cwd=self.work).stdout
-
-    def node_url(self, node, database="shop"):
-        return f"postgres://postgres@127.0.0.1:{self.ports[node]}/{database}"
-
-    def start(self):
-        monitor_port = self.ports["monitor"]
-        self.autoctl("create", "monitor", "--pgdata", f"{self.work}/monitor",
-                     "--pgport", str(monitor_port), "--hostname", "127.0.0.1", "--auth",
-                     "trust", "--no-ssl", "--pgctl", self.pg_ctl, "--run",
-                     background="monitor")
-        monitor = f"postgres://autoctl_node@127.0.0.1:{monitor_port}/pg_auto_failover?sslmode=disable"
-        # Not `pg_autoctl show state` yet: run while `create monitor` makes its state
-        # folder, it makes the same folder, and one of the two fails ("File exists").
-        ready = lambda: subprocess.run(["psql", monitor, "-qAtc", "SELECT 1"],
-                                       capture_output=True).returncode == 0
-        if not wait_until(ready, 60) or not wait_until(lambda: self.states() is not None, 60):
-            fail(WHAT, "the monitor never answered")
-        for node in ("node1", "node2"):
-            self.autoctl("create", "postgres", "--pgdata", f"{self.work}/{node}", "--pgport",
-                         str(self.ports[node]), "--hostname", "127.0.0.1", "--auth", "trust",
-                         "--no-ssl", "--dbname", "shop", "--monitor", monitor, "--pgctl",
-                         self.pg_ctl, "--run", background=node)
-            want = ["single"] if node == "node1" else ["primary", "secondary"]
-            # The standby's base backup waits for a checkpoint; ask for one at once.
-            if not wait_until(lambda: self.settled(want, nudge=node == "node2"), 180):
-                fail(WHAT, f"{node} never reached {want}: {self.states()}")
-
-    def states(self):
-        try:
-            out = self.autoctl("show", "state", "--pgdata", f"{self.work}/monitor", "--json")
-        except subprocess.CalledProcessError:
-            return None
-        try:
-            return {n["nodename"]: (n["current_group_state"], n["assigned_group_state"])
-                    for n in json.loads(out)}
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def settled(self, want, nudge=False):
-        if nudge:
-            subprocess.run(["psql", self.node_url("node1", "postgres"), "-qAtc", "CHECKPOINT"],
-                           capture_output=True)
-        states = self.states() or {}
-        reported = sorted(r for r, a in states.values() if r == a)
-        return len(states) == len(want) and reported == sorted(want)
-
-    def uri(self):
-        uri = self.autoctl("show", "uri", "--pgdata", f"{self.work}/monitor", "--formation",
-                           "default").strip()
-        # It names no user; the nodes were made by and for `postgres`.
-        return uri.replace("://", "://postgres@", 1)
-
-    def writable(self):
-        """The node that commits a write now, if one does. The write is a WAL message, so
-        its commit waits for the synchronous standby as a delete's does (a transaction
-        that only takes an xid writes no WAL before its commit and does not wait). A node
-        whose sessions start read-only does not count, though the message would pass
-        there: pg_auto_failover keeps a standby it promotes so (`stop_replication`) until
-        the old primary is demoted, and target_session_attrs=read-write passes it over."""
-        for node in ("node1", "node2"):
-            try:
-                out = subprocess.run(
-                    ["psql", self.node_url(node), "-qAtc",
-                     "SELECT current_setting('transaction_read_only') = 'off' AND "
-                     "pg_logical_emit_message(true, 'plantstore-probe', '') IS NOT NULL"],
-                    capture_output=True, text=True, timeout=2)
-            except subprocess.TimeoutExpired:
-                continue
-            if out.stdout.strip() == "t":
-                return node
-        return None
-
-    def postmaster_pid(self, node):
-        with open(f"{self.work}/{node}/postmaster.pid") as f:
-            return int(f.readline())
-
-    def stop(self):
-        for process in self.processes:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        subprocess.run(["pkill", "-KILL", "-f", f"{self.work}/"], capture_output=True)
 
 
 def timeline(name, answers, fault_at, writable_at, until):
@@ -169,32 +58,6 @@ def timeline(name, answers, fault_at, writable_at, until):
     if late:
         fail(WHAT, f"{name}: {len(late)} answers were still 503 more than {BACK_WITHIN} s "
                    "after a primary took writes")
-
-
-class Writability(threading.Thread):
-    """Polls, from its start, which node commits a write, so a fault's recovery is timed
-    from when a primary took writes, not from when a command returned."""
-
-    def __init__(self, cluster, exclude=None):
-        super().__init__(daemon=True)
-        self.cluster, self.exclude = cluster, exclude
-        self.found = None  # (node, time.monotonic())
-        self.done = threading.Event()
-
-    def run(self):
-        while not self.done.is_set():
-            node = self.cluster.writable()
-            if node and node != self.exclude:
-                self.found = (node, time.monotonic())
-                return
-            time.sleep(0.05)
-
-    def wait(self, seconds=120):
-        self.join(seconds)
-        self.done.set()
-        if self.found is None:
-            fail(WHAT, f"no node took writes within {seconds} s: {self.cluster.states()}")
-        return self.found
 
 
 # pg_auto_failover 2.0 (Debian 12's) can assign the old primary a state it cannot reach
@@ -246,7 +109,7 @@ def attempt(args):
     work = tempfile.mkdtemp(prefix="plantstore-failover-")
     shutil.chown(work, "postgres")
     os.chmod(work, 0o755)
-    cluster, service, standby, broker = Cluster(work), None, None, None
+    cluster, service, standby, broker = Cluster(work, WHAT), None, None, None
     began = time.monotonic()
     try:
         broker = Broker(work, WHAT)
@@ -255,12 +118,11 @@ def attempt(args):
         print(f"pg_auto_failover up in {time.monotonic() - began:.0f} s: {cluster.states()}")
         print(f"service on the URI pg_autoctl show uri prints: {uri}")
         token = prepare_database(args.binary, uri, args.plants)
-        subprocess.run([args.binary, "streams", "add", broker.url, "--stream", Broker.STREAM],
-                       env=dict(os.environ, DATABASE_URL=uri), check=True, capture_output=True)
+        cli(args.binary, uri, "streams", "add", broker.url, "--stream", Broker.STREAM)
         settings = dict(PLANTSTORE_DB_ACQUIRE_TIMEOUT="1s", PLANTSTORE_WEBHOOK_RETRY_MAX="2s",
                         RUST_LOG=os.environ.get("RUST_LOG", "warn"))
-        service = Instance("service", args.binary, uri, free_port(), work, **settings)
-        standby = Instance("standby", args.binary, uri, free_port(), work, **settings)
+        service = Service("service", args.binary, uri, free_port(), work, **settings)
+        standby = Service("standby", args.binary, uri, free_port(), work, **settings)
         if not service.start() or not standby.start():
             fail(WHAT, "the service never got ready")
         pid = service.process.pid

@@ -32,11 +32,15 @@ import subprocess
 import tempfile
 import threading
 import time
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
-from fleet import Instance, fail, free_port, get, prepare_database, psql, wait_until
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, get, psql, wait_until  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
 
 WHAT = "monitoring"
 BINARY = "target/debug/plantstore"
@@ -437,14 +441,12 @@ def main():
         token = prepare_database(BINARY, url, 100_000)
         receivers = Receivers()
         threading.Thread(target=receivers.serve_forever, daemon=True).start()
-        env = dict(os.environ, DATABASE_URL=url)
-        subprocess.run([BINARY, "webhooks", "add",
-                        f"http://127.0.0.1:{receivers.server_address[1]}/events"],
-                       env=env, check=True, capture_output=True)
+        cli(BINARY, url, "webhooks", "add",
+            f"http://127.0.0.1:{receivers.server_address[1]}/events")
         port = free_port()
-        instance = Instance("monitored", BINARY, url, port, work,
-                            PLANTSTORE_DELETION_RETENTION="2d",
-                            PLANTSTORE_WEBHOOK_RETRY_MAX="5s", PLANTSTORE_SHUTDOWN_DELAY="0s")
+        instance = Service("monitored", BINARY, url, port, work,
+                           PLANTSTORE_DELETION_RETENTION="2d",
+                           PLANTSTORE_WEBHOOK_RETRY_MAX="5s", PLANTSTORE_SHUTDOWN_DELAY="0s")
         if not instance.start():
             fail(WHAT, "the service did not get ready")
         am, am_port = alertmanager(work, receivers.server_address[1])

@@ -29,9 +29,12 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
-from fleet import (Deleter, Instance, fail, free_port, on_both_backends_behind_a_test_host,
-                   prepare_database, psql_or_sqlite, wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, wait_until  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from fixtures import Deleter, on_both_backends_behind_a_test_host, psql_or_sqlite  # noqa: E402
 
 WHAT = "receiver network"
 SUBNET = "10.77.0"
@@ -83,24 +86,22 @@ def serve(port, secret, log):
 
 def scenario(binary, url, work, label, host):
     token = prepare_database(binary, url, 100_000)
-    env = dict(os.environ, DATABASE_URL=url)
     port = free_port()
-    added = subprocess.run([binary, "webhooks", "add", f"http://{RECEIVER_ADDRESS}:{port}/hooks"],
-                           env=env, check=True, capture_output=True, text=True)
-    secret = added.stdout.split()[-1]
+    added = cli(binary, url, "webhooks", "add", f"http://{RECEIVER_ADDRESS}:{port}/hooks")
+    secret = added.split()[-1]
     log = os.path.join(work, f"{label}-received.jsonl")
     receiver = subprocess.Popen(
         ["ip", "netns", "exec", host.name, sys.executable, os.path.abspath(__file__),
          "--serve", str(port), "--secret", secret, "--log", log],
         stdout=subprocess.DEVNULL, stderr=open(os.path.join(work, f"{label}-receiver.err"), "w"))
     service_port = free_port()
-    instance = Instance(label, binary, url, service_port, work, RUST_LOG="info",
-                        PLANTSTORE_WEBHOOK_TIMEOUT=f"{TIMEOUT_S}s",
-                        PLANTSTORE_WEBHOOK_RETRY_MIN="200ms",
-                        PLANTSTORE_WEBHOOK_RETRY_MAX=f"{RETRY_MAX_S}s")
+    instance = Service(label, binary, url, service_port, work, RUST_LOG="info",
+                       PLANTSTORE_WEBHOOK_TIMEOUT=f"{TIMEOUT_S}s",
+                       PLANTSTORE_WEBHOOK_RETRY_MIN="200ms",
+                       PLANTSTORE_WEBHOOK_RETRY_MAX=f"{RETRY_MAX_S}s")
     if not instance.start():
         fail(WHAT, f"{label}: the service did not get ready")
-    deleter = Deleter(binary, url, service_port, token, env)
+    deleter = Deleter(binary, url, service_port, token)
     try:
         host.link(None)
         deleter.thread.start()

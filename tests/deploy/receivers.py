@@ -34,14 +34,18 @@ import http.server
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from fleet import (Instance, fail, free_port, get, on_both_backends, prepare_database,
-                   psql_or_sqlite, wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, get, wait_until  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from fixtures import on_both_backends, psql_or_sqlite  # noqa: E402
 
 WHAT = "receivers"
 PLANTS = 400
@@ -275,14 +279,12 @@ def scenario(binary, url, work, label, setup):
         settings = {"SSL_CERT_FILE": proxy.ca}
     name = f"{label}-{setup}"
     token = prepare_database(binary, url, PLANTS)
-    env = dict(os.environ, DATABASE_URL=url)
-    added = subprocess.run([binary, "webhooks", "add", endpoint, *add], env=env, check=True,
-                           capture_output=True, text=True)
-    endpoint_id = added.stdout.split()[3]
-    receiver.secrets.append(added.stdout.split()[-1])
+    added = cli(binary, url, "webhooks", "add", endpoint, *add)
+    endpoint_id = added.split()[3]
+    receiver.secrets.append(added.split()[-1])
     port = free_port()
-    instance = Instance(name, binary, url, port, work, RUST_LOG="info",
-                        PLANTSTORE_WEBHOOK_TIMEOUT="5s", **settings)
+    instance = Service(name, binary, url, port, work, RUST_LOG="info",
+                       PLANTSTORE_WEBHOOK_TIMEOUT="5s", **settings)
     if not instance.start():
         fail(WHAT, f"{name}: the service did not get ready")
     rotated_at = None
@@ -290,10 +292,8 @@ def scenario(binary, url, work, label, setup):
         if setup == "rotation":
             # Half the deletes, the rotation, then the other half once it is taken up.
             statuses = delete_all(port, token, range(1, PLANTS // 2 + 1))
-            rotated = subprocess.run(
-                [binary, "webhooks", "rotate-secret", endpoint_id, "--overlap", "1h"],
-                env=env, check=True, capture_output=True, text=True)
-            receiver.secrets.append(rotated.stdout.split()[-1])
+            rotated = cli(binary, url, "webhooks", "rotate-secret", endpoint_id, "--overlap", "1h")
+            receiver.secrets.append(rotated.split()[-1])
             rotated_at = time.monotonic()
             time.sleep(FOLLOWS_WITHIN)
             statuses += delete_all(port, token, range(PLANTS // 2 + 1, PLANTS + 1))

@@ -17,11 +17,15 @@ PLANTSTORE_CI_POSTGRES_URL names the server (default postgres://postgres@127.0.0
 import argparse
 import os
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from fleet import (Clients, Instance, check_database, fail, fail_on, free_port, get,
-                   prepare_database, psql, wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, get, psql, wait_until  # noqa: E402
+from toolkit.service import Service, prepare_database  # noqa: E402
+from fixtures import Clients, check_database, fail_on  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WHAT = "rolling restart"
@@ -53,6 +57,18 @@ def start_balancer(kind, front, instances, work):
     return balancer
 
 
+def deletes_served(port):
+    """DELETE requests the instance on `port` answered since its start, from its /metrics."""
+    status, text = get(f"http://127.0.0.1:{port}/metrics")
+    if status != 200:
+        return 0
+    total = 0
+    for line in text.splitlines():
+        if line.startswith("plantstore_http_requests_total{") and 'method="DELETE"' in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--balancer", choices=("haproxy", "nginx"), default="haproxy")
@@ -74,8 +90,8 @@ def main():
     instances, balancer = [], None
     try:
         token = prepare_database(args.binary, url, args.plants)
-        instances = [Instance(n, args.binary, url, free_port(), work,
-                              PLANTSTORE_SHUTDOWN_DELAY=args.delay) for n in "abc"]
+        instances = [Service(n, args.binary, url, free_port(), work,
+                             PLANTSTORE_SHUTDOWN_DELAY=args.delay) for n in "abc"]
         for instance in instances:
             if not instance.start():
                 fail(WHAT, f"instance {instance.name} never got ready")
@@ -103,7 +119,7 @@ def main():
               + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items(), key=str)))
         for name, code, took in restarts:
             print(f"instance {name}: SIGTERM -> exit {code} after {took:.2f} s, started again")
-        served = {i.name: i.deletes_served() for i in instances}
+        served = {i.name: deletes_served(i.port) for i in instances}
         print("deletes each instance served after its restart: "
               + ", ".join(f"{k}: {v}" for k, v in served.items()))
 

@@ -25,12 +25,15 @@ Needs root (ip netns, nft) and a Python with nats-py; run from the repository ro
 import argparse
 import collections
 import os
-import subprocess
+import sys
 import time
+from pathlib import Path
 
-from broker import Broker, check_stream, destination, wait_for_nothing_pending
-from fleet import (Deleter, Instance, fail, free_port, on_both_backends_behind_a_test_host,
-                   prepare_database, wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, wait_until  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from broker import Broker, check_stream, destination, wait_for_nothing_pending  # noqa: E402
+from fixtures import Deleter, on_both_backends_behind_a_test_host  # noqa: E402
 
 WHAT = "stream network"
 PHASES = [("silent", "drop"), ("lossy", "numgen random mod 100 < 20 drop"), ("healed", None)]
@@ -42,20 +45,18 @@ DRAINED_WITHIN_S = TIMEOUT_S + RETRY_MAX_S
 
 def scenario(binary, url, work, label, host):
     token = prepare_database(binary, url, 100_000)
-    env = dict(os.environ, DATABASE_URL=url)
     host.link(None)
     broker = Broker(work, WHAT, address=host.address, host=host)
     instance = None
     try:
-        subprocess.run([binary, "streams", "add", broker.url, "--stream", Broker.STREAM],
-                       env=env, check=True, capture_output=True)
-        instance = Instance(label, binary, url, free_port(), work, RUST_LOG="info",
-                            PLANTSTORE_WEBHOOK_TIMEOUT=f"{TIMEOUT_S}s",
-                            PLANTSTORE_WEBHOOK_RETRY_MIN="200ms",
-                            PLANTSTORE_WEBHOOK_RETRY_MAX=f"{RETRY_MAX_S}s")
+        cli(binary, url, "streams", "add", broker.url, "--stream", Broker.STREAM)
+        instance = Service(label, binary, url, free_port(), work, RUST_LOG="info",
+                           PLANTSTORE_WEBHOOK_TIMEOUT=f"{TIMEOUT_S}s",
+                           PLANTSTORE_WEBHOOK_RETRY_MIN="200ms",
+                           PLANTSTORE_WEBHOOK_RETRY_MAX=f"{RETRY_MAX_S}s")
         if not instance.start():
             fail(WHAT, f"{label}: the service did not get ready")
-        deleter = Deleter(binary, url, instance.port, token, env)
+        deleter = Deleter(binary, url, instance.port, token)
         deleter.thread.start()
         time.sleep(3)
         failing = None

@@ -19,16 +19,19 @@ import argparse
 import collections
 import http.server
 import os
-import subprocess
+import sys
 import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from fleet import (Clients, Instance, fail, free_port, prepare_database, psql,
-                   psql_or_sqlite, wait_until)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.common import fail, free_port, psql, wait_until  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from fixtures import Clients, psql_or_sqlite  # noqa: E402
 
 WHAT = "webhooks"
 PLANTS = 200_000
@@ -80,14 +83,11 @@ def run(binary, url, work, label):
     receiver = Receiver()
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     token = prepare_database(binary, url, PLANTS)
-    env = dict(os.environ, DATABASE_URL=url)
-    added = subprocess.run([binary, "webhooks", "add", receiver.url], env=env, check=True,
-                           capture_output=True, text=True)
-    receiver.secret = added.stdout.split()[-1]
+    receiver.secret = cli(binary, url, "webhooks", "add", receiver.url).split()[-1]
     port = free_port()
-    instance = Instance(label, binary, url, port, work,
-                        PLANTSTORE_WEBHOOK_RETRY_MIN="100ms", PLANTSTORE_WEBHOOK_RETRY_MAX="1s",
-                        RUST_LOG="info")
+    instance = Service(label, binary, url, port, work,
+                       PLANTSTORE_WEBHOOK_RETRY_MIN="100ms", PLANTSTORE_WEBHOOK_RETRY_MAX="1s",
+                       RUST_LOG="info")
     if not instance.start():
         fail(WHAT, f"{label}: the service did not get ready")
     try:

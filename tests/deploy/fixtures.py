@@ -1,39 +1,19 @@
-"""What the deploy tests share: running `plantstore` instances, clients deleting through
-HTTP on kept-alive connections, checking every answer against the database, and test hosts
-whose network fails on cue."""
+"""What the deploy tests share beyond the toolkit: clients deleting through HTTP on
+kept-alive connections, checking every answer against the database, both backends in turn,
+and test hosts whose network fails on cue."""
 
 import collections
 import http.client
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
-
-def fail(what, message):
-    print(f"{what} FAILED: {message}", file=sys.stderr)
-    sys.exit(1)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def psql(url, sql):
-    out = subprocess.run(
-        ["psql", url, "-v", "ON_ERROR_STOP=1", "-qAt", "-c", sql],
-        check=True, capture_output=True, text=True,
-    )
-    return out.stdout
+from toolkit.common import fail, psql
+from toolkit.service import cli
 
 
 def psql_or_sqlite(url, sql):
@@ -60,91 +40,6 @@ def on_both_backends(run, work, name):
         run(f"{admin.rsplit('/', 1)[0]}/{database}", "postgres")
     finally:
         psql(admin, f"DROP DATABASE {database} WITH (FORCE)")
-
-
-def get(url, timeout=2.0):
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as err:
-        return err.code, ""
-    except OSError:
-        return None, ""
-
-
-def wait_until(check, seconds):
-    """True once `check()` is, polling every 50 ms; False after `seconds`."""
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def prepare_database(binary, url, plants):
-    """Migrates, seeds plants 1..plants and returns a new token, as a user would."""
-    env = dict(os.environ, DATABASE_URL=url)
-    subprocess.run([binary, "migrate"], env=env, check=True, capture_output=True)
-    subprocess.run([binary, "seed", "--count", str(plants)], env=env, check=True,
-                   capture_output=True)
-    created = subprocess.run([binary, "token", "create", "--name", "fleet"], env=env,
-                             check=True, capture_output=True, text=True)
-    return created.stdout.split()[-1]
-
-
-class Instance:
-    """One `plantstore serve` on its own port, logging to `work`."""
-
-    def __init__(self, name, binary, database_url, port, work, **settings):
-        self.name, self.binary, self.port, self.work = name, binary, port, work
-        self.env = {
-            "PATH": os.environ.get("PATH", ""),
-            "DATABASE_URL": database_url,
-            "PLANTSTORE_LISTEN": f"127.0.0.1:{port}",
-            "PLANTSTORE_MIGRATE": "false",
-            "RUST_LOG": "warn",
-            **settings,
-        }
-        self.process = None
-        self.starts = 0
-
-    def start(self):
-        """Starts it and waits for /readyz; False if it never got ready."""
-        self.starts += 1
-        log = open(os.path.join(self.work, f"{self.name}-{self.starts}.log"), "w")
-        self.process = subprocess.Popen(
-            [self.binary, "serve"], env=self.env, stdout=subprocess.DEVNULL, stderr=log,
-        )
-        return wait_until(lambda: get(f"http://127.0.0.1:{self.port}/readyz")[0] == 200, 30)
-
-    def stop(self):
-        """SIGTERM, as a deploy sends it; the exit code (None if it did not exit within
-        30 s) and the seconds it took."""
-        signalled = time.monotonic()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            code = self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            code = None
-        return code, time.monotonic() - signalled
-
-    def kill(self):
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-
-    def deletes_served(self):
-        """DELETE requests this process answered, from its /metrics."""
-        status, text = get(f"http://127.0.0.1:{self.port}/metrics")
-        if status != 200:
-            return 0
-        total = 0
-        for line in text.splitlines():
-            if line.startswith("plantstore_http_requests_total{") and 'method="DELETE"' in line:
-                total += int(float(line.rsplit(" ", 1)[1]))
-        return total
 
 
 class Answer(collections.namedtuple("Answer", "plant status at retry_after")):
@@ -293,8 +188,8 @@ class Deleter:
     """Deletes one plant every `every` seconds; each second one deleted plant is restored
     and deleted again. Keeps each delete's status, latency and phase (set from outside)."""
 
-    def __init__(self, binary, url, port, token, env, every=0.02):
-        self.binary, self.url, self.port, self.token, self.env = binary, url, port, token, env
+    def __init__(self, binary, url, port, token, every=0.02):
+        self.binary, self.url, self.port, self.token = binary, url, port, token
         self.every = every
         self.answers = []  # (phase, status, seconds)
         self.phase = "before"
@@ -322,8 +217,7 @@ class Deleter:
                 again = plant - 5
                 entry = psql_or_sqlite(self.url, "SELECT id FROM plantstore_deletions "
                                                  f"WHERE plant_id = {again}")[-1]
-                subprocess.run([self.binary, "deletions", "restore", entry, "--by", "test"],
-                               env=self.env, check=True, capture_output=True)
+                cli(self.binary, self.url, "deletions", "restore", entry, "--by", "test")
                 self.delete(conn, again)
                 self.restored.append(again)
             time.sleep(self.every)
