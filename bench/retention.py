@@ -23,12 +23,13 @@ import time
 from pathlib import Path
 
 sys.dont_write_bytecode = True
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.common import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from toolkit.processes import PROCS  # noqa: E402
+from harness.builds import Build  # noqa: E402
 from harness.databases import Postgres, Sqlite  # noqa: E402
 from harness.load import run_wrk, unexpected  # noqa: E402
-from harness.procs import PROCS  # noqa: E402
-from harness.service import Service, wait_ready  # noqa: E402
 
 CONNS = 64
 SECONDS = int(os.environ.get("RETENTION_SECONDS", "30"))
@@ -73,19 +74,17 @@ def old_entries(db) -> int:
     return db.scalar(f"SELECT count(*) FROM plantstore_deletions WHERE deleted_at < '{cutoff}'")
 
 
-def one_run(svc: Service, db, url: str, backend: str, work: Path, token: str, lo: int,
+def one_run(plantstore: Build, db, url: str, backend: str, work: Path, token: str, lo: int,
             retention: bool, tag: str) -> dict:
     make_old(db, backend)
     db.settle(vacuum=False)
     before = old_entries(db)
-    port = free_port()
-    log = work / f"service-{tag}.log"
-    env = {"PLANTSTORE_DELETION_RETENTION": "90d"} if retention else {}
-    proc = svc.start(url, port, log, extra_env=env)
-    wait_ready(proc, port, "/readyz", 200, log, 60, time.perf_counter())
-    data = run_wrk(port, "hit", CONNS, lo, lo + PER_RUN, SECONDS, token, work / f"wrk-{tag}.out")
+    settings = {"PLANTSTORE_DELETION_RETENTION": "90d"} if retention else {}
+    service = plantstore.start(f"service-{tag}", url, 60, **settings)
+    data = run_wrk(service.port, "hit", CONNS, lo, lo + PER_RUN, SECONDS, token,
+                   work / f"wrk-{tag}.out")
     after = old_entries(db)
-    PROCS.stop(proc)
+    service.stop()
     odd = unexpected(data, "204")
     print(f"  {tag}: retention {'90d' if retention else 'off'}: {data['rps']:,.0f} hits/s, "
           f"p99 {data['p99_ms']:.2f} ms; old entries {before:,} before, {after:,} after "
@@ -94,7 +93,7 @@ def one_run(svc: Service, db, url: str, backend: str, work: Path, token: str, lo
             "after": after, "odd": odd}
 
 
-def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
+def backend_runs(backend: str, plantstore: Build, work: Path, pg_admin: str) -> bool:
     if backend == "postgres":
         db = Postgres(pg_admin, "plantstore_retention_bench")
         db.recreate()
@@ -104,17 +103,14 @@ def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
     url = db.url
     try:
         plants = (2 * PAIRS + 1) * PER_RUN
-        svc.cli(url, "migrate")
-        svc.cli(url, "seed", "--count", str(plants))
-        token = svc.cli(url, "token", "create", "--name", "bench").strip().splitlines()[-1]
+        plantstore.cli(url, "migrate")
+        plantstore.cli(url, "seed", "--count", str(plants))
+        token = plantstore.cli(url, "token", "create", "--name", "bench").strip().splitlines()[-1]
         print(f"\n## {backend}: {PAIRS} pairs of {SECONDS} s at {CONNS} connections", flush=True)
         # The first log: one run's worth of deletes, made old by the first run's start.
-        port = free_port()
-        log = work / f"service-{backend}-fill.log"
-        proc = svc.start(url, port, log)
-        wait_ready(proc, port, "/readyz", 200, log, 60, time.perf_counter())
-        run_wrk(port, "hit", CONNS, 1, PER_RUN, OLD_SECONDS, token, work / "wrk-fill.out")
-        PROCS.stop(proc)
+        service = plantstore.start(f"service-{backend}-fill", url, 60)
+        run_wrk(service.port, "hit", CONNS, 1, PER_RUN, OLD_SECONDS, token, work / "wrk-fill.out")
+        service.stop()
         ratios_rps, ratios_p99, odd = [], [], []
         lo = PER_RUN + 1
         for pair in range(1, PAIRS + 1):
@@ -122,7 +118,8 @@ def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
             runs = {}
             for retention in order:
                 tag = f"{backend}-{pair}-{'on' if retention else 'off'}"
-                runs[retention] = one_run(svc, db, url, backend, work, token, lo, retention, tag)
+                runs[retention] = one_run(plantstore, db, url, backend, work, token, lo,
+                                          retention, tag)
                 lo += PER_RUN
             ratios_rps.append(runs[True]["rps"] / runs[False]["rps"])
             ratios_p99.append(runs[True]["p99"] / runs[False]["p99"])
@@ -130,17 +127,15 @@ def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
             print(f"  pair {pair}: on/off hits {ratios_rps[-1]:.3f}, p99 {ratios_p99[-1]:.3f}",
                   flush=True)
         # The last `on` run's pruning, left to finish with no load: every old entry goes.
-        port = free_port()
-        log = work / f"service-{backend}-drain.log"
-        proc = svc.start(url, port, log, extra_env={"PLANTSTORE_DELETION_RETENTION": "90d"})
-        wait_ready(proc, port, "/readyz", 200, log, 60, time.perf_counter())
+        service = plantstore.start(f"service-{backend}-drain", url, 60,
+                                   PLANTSTORE_DELETION_RETENTION="90d")
         backlog, started = old_entries(db), time.monotonic()
         left = backlog
         while left > 0 and time.monotonic() - started < DRAIN_S:
             time.sleep(DRAIN_POLL_S)
             left = old_entries(db)
         drained_s = time.monotonic() - started
-        PROCS.stop(proc)
+        service.stop()
         rps, p99 = statistics.median(ratios_rps), statistics.median(ratios_p99)
         ok = rps >= TARGET_HITS and p99 <= TARGET_P99 and left == 0 and not odd
         print(f"- median on/off: hits/s {rps:.3f} (target >= {TARGET_HITS}), p99 {p99:.3f} "
@@ -155,18 +150,17 @@ def backend_runs(backend: str, svc: Service, work: Path, pg_admin: str) -> bool:
 
 
 def main() -> int:
-    root = Path(__file__).resolve().parent.parent
-    work = root / "bench" / "out" / "retention"
+    work = ROOT / "bench" / "out" / "retention"
     work.mkdir(parents=True, exist_ok=True)
-    binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", root / "target/release/plantstore"))
+    binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", ROOT / "target/release/plantstore"))
     pg_admin = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
     if not BACKENDS or set(BACKENDS) - {"sqlite", "postgres"}:
         print(f"RETENTION_BACKENDS={','.join(BACKENDS)}: name sqlite, postgres or both",
               file=sys.stderr)
         return 2
-    svc = Service(binary, work)
+    plantstore = Build(binary, work)
     try:
-        results = [backend_runs(b, svc, work, pg_admin) for b in BACKENDS]
+        results = [backend_runs(b, plantstore, work, pg_admin) for b in BACKENDS]
     finally:
         PROCS.stop_all()
     print("\nretention under load:", "targets met" if all(results) else "a target MISSED")

@@ -29,14 +29,17 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-# The checkout stays as the soak found it: no __pycache__ folder appears beside the package.
+# The checkout stays as the soak found it: no __pycache__ folder appears beside the packages.
 sys.dont_write_bytecode = True
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.common import env_int, free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from toolkit.processes import PROCS  # noqa: E402
+from toolkit.service import Service  # noqa: E402
+from harness.builds import Build  # noqa: E402
+from harness.common import env_int  # noqa: E402
 from harness.databases import Postgres, Sqlite  # noqa: E402
-from harness.load import fmt_unexpected, run_wrk, unexpected  # noqa: E402
-from harness.procs import PROCS  # noqa: E402
-from harness.service import Service, proc_status_mib, trim_log, wait_ready  # noqa: E402
+from harness.load import fmt_unexpected, run_wrk, trim_log, unexpected  # noqa: E402
 from harness.webhooks import commit_times, start_receiver  # noqa: E402
 
 STREAMS = {"hit": 4, "miss": 30, "noauth": 30}
@@ -53,14 +56,7 @@ LAG_P99_LIMIT_S = 2.0
 DRAIN_S = 120
 
 
-def open_fds(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
-def sampler(pid: int, pg: Postgres | None, stop: threading.Event, samples: list):
+def sampler(service: Service, pg: Postgres | None, stop: threading.Event, samples: list):
     started = time.monotonic()
     while not stop.wait(SAMPLE_S):
         connections = None
@@ -70,7 +66,7 @@ def sampler(pid: int, pg: Postgres | None, stop: threading.Event, samples: list)
                 "WHERE datname = current_database() AND application_name = 'plantstore'"
             )
         samples.append(
-            (time.monotonic() - started, proc_status_mib(pid, "VmRSS"), open_fds(pid), connections)
+            (time.monotonic() - started, service.rss_mib(), service.descriptors(), connections)
         )
 
 
@@ -79,7 +75,7 @@ def spread(values: list) -> int:
     return (max(values) - min(values)) if values else 0
 
 
-def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) -> bool:
+def soak(backend: str, plantstore: Build, seconds: int, work: Path, pg_admin: str) -> bool:
     pg = None
     if backend == "postgres":
         pg = Postgres(pg_admin, "plantstore_soak")
@@ -93,17 +89,15 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
     shutil.rmtree(work / f"receiver-soak-{backend}", ignore_errors=True)
     receiver, rport, rdir = start_receiver(work, f"soak-{backend}", tls=False)
     try:
-        svc.cli(url, "migrate")
-        svc.cli(url, "seed", "--count", str(rows))
-        token = svc.cli(url, "token", "create", "--name", "soak").strip().splitlines()[-1]
-        svc.cli(url, "webhooks", "add", f"http://127.0.0.1:{rport}/hooks")
-        port = free_port()
-        logfile = work / f"soak-{backend}.log"
-        proc = svc.start(url, port, logfile)
-        wait_ready(proc, port, "/readyz", 200, logfile, 30.0, time.perf_counter())
+        plantstore.cli(url, "migrate")
+        plantstore.cli(url, "seed", "--count", str(rows))
+        token = plantstore.cli(url, "token", "create", "--name", "soak").strip().splitlines()[-1]
+        plantstore.cli(url, "webhooks", "add", f"http://127.0.0.1:{rport}/hooks")
+        service = plantstore.start(f"soak-{backend}", url, 30.0)
+        port = service.port
 
         stop, samples = threading.Event(), []
-        watcher = threading.Thread(target=sampler, args=(proc.pid, pg, stop, samples))
+        watcher = threading.Thread(target=sampler, args=(service, pg, stop, samples))
         watcher.start()
         # Misses and 401s ask for ids far above any seeded one.
         firsts = {"hit": 1, "miss": 10**12, "noauth": 2 * 10**12}
@@ -116,15 +110,15 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
             }
             results = {mode: future.result() for mode, future in runs.items()}
         ended = time.monotonic()
-        while pending(svc, url) > 0 and time.monotonic() - ended < DRAIN_S:
+        while pending(plantstore, url) > 0 and time.monotonic() - ended < DRAIN_S:
             time.sleep(0.2)
         drained_s = time.monotonic() - ended
         stop.set()
         watcher.join()
-        rss_peak = proc_status_mib(proc.pid, "VmHWM")
-        PROCS.stop(proc)
+        rss_peak = service.peak_rss_mib()
+        service.stop()
         PROCS.stop(receiver)
-        trim_log(logfile)
+        trim_log(service.log)
         committed = commit_times(pg if pg is not None else sq, 1, rows + 1)
     finally:
         if pg is not None:
@@ -173,21 +167,21 @@ def soak(backend: str, svc: Service, seconds: int, work: Path, pg_admin: str) ->
     return ok
 
 
-def pending(svc: Service, url: str) -> int:
-    listed = json.loads(svc.cli(url, "webhooks", "list", "--json"))
+def pending(plantstore: Build, url: str) -> int:
+    listed = json.loads(plantstore.cli(url, "webhooks", "list", "--json"))
     return sum(e["pending"] for e in listed)
 
 
 def main() -> int:
     seconds = env_int("SOAK_SECONDS", 600)
-    root = Path(__file__).resolve().parent.parent
-    work = root / "bench" / "out" / "soak"
+    work = ROOT / "bench" / "out" / "soak"
     work.mkdir(parents=True, exist_ok=True)
-    binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", root / "target/release/plantstore"))
+    binary = Path(os.environ.get("BENCH_PLANTSTORE_BIN", ROOT / "target/release/plantstore"))
     pg_admin = os.environ.get("BENCH_PG_ADMIN_URL", "postgres://postgres@127.0.0.1:5432/postgres")
-    svc = Service(binary, work)
+    plantstore = Build(binary, work)
     try:
-        results = [soak(backend, svc, seconds, work, pg_admin) for backend in ("sqlite", "postgres")]
+        results = [soak(backend, plantstore, seconds, work, pg_admin)
+                   for backend in ("sqlite", "postgres")]
     finally:
         PROCS.stop_all()
     print("\nsoak:", "all OK" if all(results) else "FAILED")

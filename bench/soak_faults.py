@@ -2,11 +2,12 @@
 """The operators' hour: a soak on PostgreSQL with faults inside it, measured each minute.
 
 Start it through `bench/soak --faults` (run as root). Two instances serve a pg_auto_failover
-formation (a monitor and two nodes, built as tests/deploy/failover.py builds it) behind
-HAProxy, with one webhook endpoint (a receiver process of its own that logs each request's
-arrival) and retention on (PLANTSTORE_DELETION_RETENTION 15m, the idempotency TTL 10m, so
-pruning runs inside the hour). CLIENTS threads delete through HAProxy, each at most RATE
-deletes a second, for SOAK_SECONDS (default 3600). SOAK_FAULTS names the faults in order,
+formation (a monitor and two nodes: tests/toolkit/pg_auto_failover.py's Cluster, which
+tests/deploy/failover.py builds too) behind HAProxy, with one webhook endpoint (a receiver
+process of its own that logs each request's arrival) and retention on
+(PLANTSTORE_DELETION_RETENTION 15m, the idempotency TTL 10m, so pruning runs inside the
+hour). CLIENTS threads delete through HAProxy, each at most RATE deletes a second, for
+SOAK_SECONDS (default 3600). SOAK_FAULTS names the faults in order,
 comma-separated, from `primary` (the primary's postgres killed with SIGKILL and the standby
 promoted), `instance` (instance b killed with SIGKILL and started again) and `receiver` (the
 receiver answers 503 for two minutes), spread evenly over the run. The default,
@@ -47,11 +48,15 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+# The checkout stays as the soak found it: no __pycache__ folder appears beside the packages.
 sys.dont_write_bytecode = True
-sys.path.insert(0, str(ROOT / "tests" / "deploy"))
-from failover import Cluster, Writability  # noqa: E402
-from fleet import Instance, fail, free_port, get, prepare_database, psql, wait_until  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+from toolkit.common import fail, free_port, get, psql, wait_until  # noqa: E402
+from toolkit.pg_auto_failover import Cluster, Writability  # noqa: E402
+from toolkit.service import Service, cli, prepare_database  # noqa: E402
+from harness.chart import soak_faults_svg  # noqa: E402
 
 WHAT = "soak with faults"
 CLIENTS = 16
@@ -170,25 +175,10 @@ backend instances
     return process
 
 
-def proc_figures(pid: int | None) -> tuple[float | None, int | None]:
-    """(RSS in MiB, open descriptors) of `pid`, None for either it cannot read."""
-    if pid is None:
-        return None, None
-    rss = None
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                rss = int(line.split()[1]) / 1024
-        fds = len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return rss, None
-    return rss, fds
-
-
 def log_size(uri: str) -> int | None:
     try:
         return int(psql(uri, "SELECT count(*) FROM plantstore_deletions").strip())
-    except (subprocess.CalledProcessError, ValueError):
+    except (RuntimeError, ValueError):
         return None
 
 
@@ -232,48 +222,6 @@ def least_squares_per_hour(points: list[tuple[float, float]]) -> float | None:
     return 60 * sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else None
 
 
-def chart(rows: list[dict], faults: list[tuple[float, str]], path: Path) -> None:
-    """Six small line charts of the minute figures, the faults marked on each."""
-    panels = [
-        ("Deletes answered 204 per second", [("hits_s", "#1f77b4")]),
-        ("Delete p99 (ms)", [("p99_ms", "#d62728")]),
-        ("RSS (MiB)", [("rss_a", "#1f77b4"), ("rss_b", "#ff7f0e")]),
-        ("Open descriptors", [("fds_a", "#1f77b4"), ("fds_b", "#ff7f0e")]),
-        ("Delivery lag p99 (s)", [("lag_p99_s", "#2ca02c")]),
-        ("Deletion log entries", [("log_entries", "#9467bd")]),
-    ]
-    w, h, pad = 440, 220, 46
-    cols = 2
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * w}" '
-           f'height="{(len(panels) + 1) // 2 * h + 30}" font-family="sans-serif" font-size="11">',
-           '<rect width="100%" height="100%" fill="white"/>',
-           '<text x="10" y="18" font-size="13">bench/soak --faults: each minute of the hour '
-           '(instance a blue, b orange; dashed lines: the faults)</text>']
-    last = max((r["minute"] for r in rows), default=1) or 1
-    for i, (title, series) in enumerate(panels):
-        x0, y0 = (i % cols) * w, 30 + (i // cols) * h
-        values = [r[key] for r in rows for key, _ in series if r.get(key) is not None]
-        top = max(values, default=1) * 1.1 or 1
-        px = lambda m: x0 + pad + (w - pad - 14) * m / last  # noqa: E731
-        py = lambda v: y0 + h - 28 - (h - 58) * v / top  # noqa: E731
-        out.append(f'<text x="{x0 + pad}" y="{y0 + 18}" font-size="12">{title}</text>')
-        out.append(f'<line x1="{px(0)}" y1="{py(0)}" x2="{px(last)}" y2="{py(0)}" '
-                   'stroke="#888"/>')
-        out.append(f'<text x="{x0 + 4}" y="{py(top / 1.1) + 4}">{top / 1.1:,.0f}</text>')
-        out.append(f'<text x="{x0 + 4}" y="{py(0) + 4}">0</text>')
-        out.append(f'<text x="{px(last) - 40}" y="{py(0) + 16}">{last:.0f} min</text>')
-        for at, _ in faults:
-            out.append(f'<line x1="{px(at)}" y1="{y0 + 26}" x2="{px(at)}" y2="{py(0)}" '
-                       'stroke="#aaa" stroke-dasharray="4 3"/>')
-        for key, colour in series:
-            points = " ".join(f"{px(r['minute']):.1f},{py(r[key]):.1f}"
-                              for r in rows if r.get(key) is not None)
-            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
-                       f'points="{points}"/>')
-    out.append("</svg>")
-    path.write_text("\n".join(out) + "\n")
-
-
 def main() -> int:
     seconds = int(os.environ.get("SOAK_SECONDS", "3600"))
     named = os.environ.get("SOAK_FAULTS", "instance,receiver,primary,receiver").split(",")
@@ -288,8 +236,8 @@ def main() -> int:
     shutil.chown(work, "postgres")
     os.chmod(work, 0o755)
     plants = CLIENTS * RATE * seconds + 10_000
-    cluster = Cluster(work)
-    instances: list[Instance] = []
+    cluster = Cluster(work, WHAT)
+    instances: list[Service] = []
     balancer = None
     outage = multiprocessing.Value("b", 0)
     receiver_log = Path(work) / "received.log"
@@ -302,13 +250,12 @@ def main() -> int:
         uri = cluster.uri()
         print(f"pg_auto_failover: {cluster.states()}; {plants:,} plants seeded", flush=True)
         token = prepare_database(binary, uri, plants)
-        subprocess.run([binary, "webhooks", "add", f"http://127.0.0.1:{receiver_port}/hooks"],
-                       env=dict(os.environ, DATABASE_URL=uri), check=True, capture_output=True)
+        cli(binary, uri, "webhooks", "add", f"http://127.0.0.1:{receiver_port}/hooks")
         settings = dict(PLANTSTORE_DB_ACQUIRE_TIMEOUT="1s", PLANTSTORE_WEBHOOK_RETRY_MAX="5s",
                         PLANTSTORE_SHUTDOWN_DELAY="2s", PLANTSTORE_IDEMPOTENCY_TTL="10m",
                         PLANTSTORE_DELETION_RETENTION="15m", RUST_LOG="warn")
         for name in ("a", "b"):
-            instance = Instance(name, binary, uri, free_port(), work, **settings)
+            instance = Service(name, binary, uri, free_port(), work, **settings)
             if not instance.start():
                 fail(WHAT, f"instance {name} did not get ready")
             instances.append(instance)
@@ -333,8 +280,8 @@ def main() -> int:
                 minute += 1
                 row = {"minute": minute, "log_entries": log_size(uri)}
                 for instance in instances:
-                    pid = instance.process.pid if instance.process.poll() is None else None
-                    row[f"rss_{instance.name}"], row[f"fds_{instance.name}"] = proc_figures(pid)
+                    row[f"rss_{instance.name}"] = instance.rss_mib()
+                    row[f"fds_{instance.name}"] = instance.descriptors()
                 samples[minute] = row
                 print(f"minute {minute}: {row}", flush=True)
             time.sleep(0.5)
@@ -342,14 +289,12 @@ def main() -> int:
         for thread in load.threads:
             thread.join(60)
         ended = time.time()
-        env = dict(os.environ, DATABASE_URL=uri)
 
         def drained():
-            listed = subprocess.run([binary, "webhooks", "list", "--json"], env=env,
-                                    capture_output=True, text=True)
             try:
-                return sum(e["pending"] for e in json.loads(listed.stdout)) == 0
-            except (ValueError, KeyError):
+                listed = json.loads(cli(binary, uri, "webhooks", "list", "--json"))
+                return sum(e["pending"] for e in listed) == 0
+            except (RuntimeError, ValueError, KeyError):
                 return False
 
         if not wait_until(drained, DRAIN_S):
@@ -381,7 +326,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def fault(what: str, cluster: Cluster, instances: list[Instance], outage) -> None:
+def fault(what: str, cluster: Cluster, instances: list[Service], outage) -> None:
     started = time.monotonic()
     if what == "primary killed":
         primary = cluster.writable()
@@ -506,7 +451,7 @@ def report(load, remaining, logged, got, samples, faults, began, out_dir, plants
         tsv.write("\t".join(keys) + "\n")
         for row in rows:
             tsv.write("\t".join("" if row.get(k) is None else str(row[k]) for k in keys) + "\n")
-    chart(rows, faults, out_dir / "chart.svg")
+    (out_dir / "chart.svg").write_text(soak_faults_svg(rows, faults))
     print(f"\nthe minute table: {out_dir / 'minutes.tsv'}; the chart: {out_dir / 'chart.svg'}")
     print(f"soak with faults: {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1

@@ -1,4 +1,5 @@
-"""The chart: requests per second by connection count, as hand-written SVG."""
+"""The charts, as hand-written SVG: bench/run's requests per second by connection count, and
+bench/soak --faults' figures by minute."""
 
 from __future__ import annotations
 
@@ -155,3 +156,46 @@ def chart_svg(R: dict) -> str:
         o += panel_svg(panel, i)
     o.append("</svg>")
     return "\n".join(o) + "\n"
+
+
+def soak_faults_svg(rows: list[dict], faults: list[tuple[float, str]]) -> str:
+    """bench/soak --faults' chart: six small line charts of the minute figures (the rows of
+    its minute table), each with the faults (minute, what) marked."""
+    panels = [
+        ("Deletes answered 204 per second", [("hits_s", "#1f77b4")]),
+        ("Delete p99 (ms)", [("p99_ms", "#d62728")]),
+        ("RSS (MiB)", [("rss_a", "#1f77b4"), ("rss_b", "#ff7f0e")]),
+        ("Open descriptors", [("fds_a", "#1f77b4"), ("fds_b", "#ff7f0e")]),
+        ("Delivery lag p99 (s)", [("lag_p99_s", "#2ca02c")]),
+        ("Deletion log entries", [("log_entries", "#9467bd")]),
+    ]
+    w, h, pad = 440, 220, 46
+    cols = 2
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{cols * w}" '
+           f'height="{(len(panels) + 1) // 2 * h + 30}" font-family="sans-serif" font-size="11">',
+           '<rect width="100%" height="100%" fill="white"/>',
+           '<text x="10" y="18" font-size="13">bench/soak --faults: each minute of the hour '
+           '(instance a blue, b orange; dashed lines: the faults)</text>']
+    last = max((r["minute"] for r in rows), default=1) or 1
+    for i, (title, series) in enumerate(panels):
+        x0, y0 = (i % cols) * w, 30 + (i // cols) * h
+        values = [r[key] for r in rows for key, _ in series if r.get(key) is not None]
+        top = max(values, default=1) * 1.1 or 1
+        px = lambda m: x0 + pad + (w - pad - 14) * m / last  # noqa: E731
+        py = lambda v: y0 + h - 28 - (h - 58) * v / top  # noqa: E731
+        out.append(f'<text x="{x0 + pad}" y="{y0 + 18}" font-size="12">{title}</text>')
+        out.append(f'<line x1="{px(0)}" y1="{py(0)}" x2="{px(last)}" y2="{py(0)}" '
+                   'stroke="#888"/>')
+        out.append(f'<text x="{x0 + 4}" y="{py(top / 1.1) + 4}">{top / 1.1:,.0f}</text>')
+        out.append(f'<text x="{x0 + 4}" y="{py(0) + 4}">0</text>')
+        out.append(f'<text x="{px(last) - 40}" y="{py(0) + 16}">{last:.0f} min</text>')
+        for at, _ in faults:
+            out.append(f'<line x1="{px(at)}" y1="{y0 + 26}" x2="{px(at)}" y2="{py(0)}" '
+                       'stroke="#aaa" stroke-dasharray="4 3"/>')
+        for key, colour in series:
+            points = " ".join(f"{px(r['minute']):.1f},{py(r[key]):.1f}"
+                              for r in rows if r.get(key) is not None)
+            out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" '
+                       f'points="{points}"/>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"

@@ -1,11 +1,11 @@
-"""What the whole harness shares: paths, the run's shape, logging, number formats, signals."""
+"""What the whole harness shares: paths, the run's shape, logging, number formats, signals
+(what the deploy tests share with it is tests/toolkit/)."""
 
 from __future__ import annotations
 
 import math
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 
@@ -52,12 +52,6 @@ def percentile(sorted_values: list[float], p: float) -> float | None:
         return None
     rank = max(1, math.ceil(p / 100.0 * len(sorted_values)))
     return sorted_values[rank - 1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def fmt(x, digits=2) -> str:

@@ -9,9 +9,11 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+from toolkit.common import psql
+from toolkit.processes import run
+
 from .checks import verify_blocks
 from .common import percentile
-from .procs import run
 
 
 class Postgres:
@@ -23,10 +25,7 @@ class Postgres:
         self.created = False
 
     def psql(self, *sql: str, url: str | None = None) -> str:
-        cmd = ["psql", url or self.url, "-v", "ON_ERROR_STOP=1", "-qAtX"]
-        for s in sql:
-            cmd += ["-c", s]
-        return run(cmd, timeout=600).stdout.strip()
+        return psql(url or self.url, *sql).strip()
 
     def scalar(self, sql: str) -> int:
         return int(self.psql(sql).splitlines()[-1])

@@ -11,10 +11,10 @@ import statistics
 from pathlib import Path
 
 from .checks import describe_hits_check, verify_hits
+from .builds import Build
 from .common import BACKEND_NAME, NOAUTH_FIRST, fmt, fmt_rate, log
 from .databases import count_range
 from .load import fmt_unexpected, service_under_wrk
-from .service import Service
 from .webhooks import PAIRS
 
 CONNS = 64
@@ -24,17 +24,17 @@ WITHIN = 0.10
 RSS_LIMIT_MIB = 30.0
 
 
-def guard_runs(b, baseline: Service, backend: str, url: str, db) -> None:
+def guard_runs(b, baseline: Build, backend: str, url: str, db) -> None:
     """PAIRS times: REV's build, then the checkout's, each a hit run and a 401 run."""
     runs = b.R.setdefault("guard", {}).setdefault(backend, {})
     for pair in range(PAIRS):
-        for build, svc in (("before", baseline), ("after", b.svc)):
+        for build, plantstore in (("before", baseline), ("after", b.checkout)):
             for workload in WORKLOADS:
-                d = one_run(b, svc, backend, url, db, workload, pair, build)
+                d = one_run(b, plantstore, backend, url, db, workload, pair, build)
                 runs.setdefault(workload, {}).setdefault(build, []).append(d)
 
 
-def one_run(b, svc: Service, backend: str, url: str, db, workload: str, pair: int,
+def one_run(b, plantstore: Build, backend: str, url: str, db, workload: str, pair: int,
             build: str) -> dict:
     """A fresh service process (so its peak RSS is this run's) under wrk at 64 connections;
     a hit run's deletes are then checked in the database."""
@@ -45,7 +45,7 @@ def one_run(b, svc: Service, backend: str, url: str, db, workload: str, pair: in
     else:
         lo, hi = NOAUTH_FIRST, 0
     tag = f"guard-{backend}-{workload}-{build}-{pair + 1}"
-    d = service_under_wrk(svc, url, b.work, workload, CONNS, lo, hi, b.s.seconds,
+    d = service_under_wrk(plantstore, url, b.work, workload, CONNS, lo, hi, b.s.seconds,
                           b.tokens[backend], tag, b.s.keep)
     log(f"{backend:<8} {workload:<5} {build:<6} {pair + 1} of {PAIRS} c={CONNS} "
         f"{fmt_rate(d['rps']):>9} req/s  p99 {fmt(d['p99_ms'], 3)} ms  "

@@ -1,7 +1,9 @@
-"""Load: wrk runs against a port, what they got that was not expected, nginx as the HTTP ceiling."""
+"""Load: wrk runs against a port, what they got that was not expected, nginx as the HTTP ceiling;
+the service under wrk, and its log trimmed after."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import shutil
@@ -10,11 +12,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from toolkit.common import free_port
+from toolkit.processes import PROCS, run
+from toolkit.service import wait_ready
+
 from . import cpu
-from .common import (BENCH, CONNS, EXPECT, LUA_MODE, NOAUTH_FIRST, fmt, fmt_rate, free_port,
-                     log)
-from .procs import PROCS, run
-from .service import Service, trim_log, vm_hwm_mib, wait_ready
+from .builds import Build
+from .common import BENCH, CONNS, EXPECT, LUA_MODE, NOAUTH_FIRST, fmt, fmt_rate, log
 
 LUA = BENCH / "wrk.lua"
 
@@ -38,24 +42,42 @@ def run_wrk(port: int, mode: str, conns: int, first: int, end: int, seconds: int
     return data
 
 
-def service_under_wrk(svc: Service, url: str, work: Path, workload: str, conns: int, lo: int,
+def service_under_wrk(plantstore: Build, url: str, work: Path, workload: str, conns: int, lo: int,
                       hi: int, seconds: int, token: str, tag: str, keep: bool) -> dict:
     """A fresh service process (so its peak RSS is this run's) under wrk: what wrk measured,
     the service's CPU shares, its peak RSS, how it exited and the answers not expected.
     Its log is `service-TAG.log` in `work` (trimmed unless `keep`), wrk's `wrk-TAG.out`."""
-    port = free_port()
-    slog = work / f"service-{tag}.log"
-    proc = svc.start(url, port, slog)
-    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
-    cpu_before = cpu.snapshot(proc.pid)
-    d = run_wrk(port, LUA_MODE[workload], conns, lo, hi, seconds, token, work / f"wrk-{tag}.out")
-    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid))
-    d["peak_rss_mib"] = vm_hwm_mib(proc.pid)
-    d["exit_code"] = PROCS.stop(proc)
+    service = plantstore.start(f"service-{tag}", url, 120)
+    cpu_before = cpu.snapshot(service.process.pid)
+    d = run_wrk(service.port, LUA_MODE[workload], conns, lo, hi, seconds, token,
+                work / f"wrk-{tag}.out")
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(service.process.pid))
+    d["peak_rss_mib"] = service.peak_rss_mib()
+    d["exit_code"], _ = service.stop()
     d["unexpected"] = unexpected(d, EXPECT[workload])
-    d["log_lines"] = trim_log(slog) if not keep else None
-    d["service_log"] = slog.name
+    d["log_lines"] = trim_log(service.log) if not keep else None
+    d["service_log"] = service.log.name
     return d
+
+
+def trim_log(path: Path, keep: int = 40) -> int:
+    """Cut a service log (one line per request at RUST_LOG=info) to its first and last `keep`
+    lines; returns how many lines it had."""
+    head, tail, n = [], collections.deque(maxlen=keep), 0
+    with open(path, "rb") as f:
+        for line in f:
+            n += 1
+            if n <= keep:
+                head.append(line)
+            else:
+                tail.append(line)
+    if n > 2 * keep:
+        cut = n - len(head) - len(tail)
+        with open(path, "wb") as f:
+            f.writelines(head)
+            f.write(f"[... {cut} lines cut by bench/run; BENCH_KEEP=1 keeps them ...]\n".encode())
+            f.writelines(tail)
+    return n
 
 
 def unexpected(data: dict, expect: str) -> dict:
@@ -124,7 +146,7 @@ def start_nginx(ndir: Path, access_log: str = "access_log off;", tls: bool = Fal
     if tls:
         wait_listening(nginx, nport, 30)
     else:
-        wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30, time.perf_counter())
+        wait_ready(nginx, nport, "/", 204, ndir / "error.log", 30)
     return nginx, nport
 
 

@@ -7,8 +7,9 @@ import os
 import time
 from pathlib import Path
 
+from toolkit.processes import run
+
 from .common import ROOT, percentile
-from .procs import run
 
 
 def machine_info() -> dict:

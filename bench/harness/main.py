@@ -1,4 +1,5 @@
-"""One run from start to end: settings, id plan, databases, each measurement in turn, the report."""
+"""One run from start to end: settings, databases, each measurement in turn, the report (the id
+plan is plan.py's)."""
 
 from __future__ import annotations
 
@@ -13,30 +14,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from toolkit.processes import PROCS
+
+from .builds import Build
 from .chart import chart_svg
 from .checks import describe_blocks_check, describe_hits_check, verify_hits
 from .common import (BACKEND_NAME, BACKENDS, BENCH, CONNS, MISS_FIRST, NOAUTH_FIRST,
-                     READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt, fmt_rate,
-                     free_port, log, on_signal)
+                     READYZ_STARTS, ROOT, WORKLOADS, Interrupted, env_int, fmt, fmt_rate, log,
+                     on_signal)
 from .databases import Postgres, Sqlite, count_range, run_pgbench, run_sqlite_raw
 from .guard import (builds_table, guard_runs, guard_table, guard_targets, profile_builds,
                     profile_targets)
 from .load import fmt_unexpected, nginx_anchor, service_under_wrk
 from .machine import machine_info, measure_fsync
-from .procs import PROCS
+from .plan import Plan, plan_ids
 from .report import markdown_table, result_rows, results_markdown, targets, targets_table
-from .service import Service, wait_ready
 from .standby import SyncPair, standby_table, standby_targets
 from .webhooks import (PAIRS, RECEIVERS, pick_median_pair, webhook_run, webhook_table,
                        webhook_targets, webhook_targets_table)
-
-MIN_ROWS = 1_000_000
-# Each deleting run gets its own id range. Service hit runs reached 26,000 deletes a second
-# here (and ran out of a 25,000-a-second range once), so they get 60,000; the raw anchors
-# (pgbench at most about 20,000 tps, sqlite-raw about 10,000) get twice 25,000.
-IDS_PER_SECOND = 60_000
-RAW_IDS_PER_SECOND = 25_000
-
 
 @dataclass
 class Settings:
@@ -110,57 +105,6 @@ def make_work_dir(out_dir: Path) -> Path:
     return work
 
 
-class Ids:
-    def __init__(self):
-        self.next = 1
-
-    def take(self, n):
-        lo = self.next
-        self.next += n
-        return lo, self.next
-
-
-@dataclass
-class Plan:
-    """Which ids each deleting run may delete, and how many rows each database is seeded with."""
-
-    span: int
-    hits: dict
-    hooked: dict
-    beside: dict
-    pgbench: dict
-    raw_sqlite: tuple
-    rows: dict
-    # `--guard`: a hit range per run, before and after alternated (guard.py).
-    guard: dict
-    # `--standby`: PostgreSQL hit ranges with an endpoint, without and with the barrier
-    # alternated (standby.py).
-    standby: list
-
-
-def plan_ids(seconds: int, guarding: bool) -> Plan:
-    # Id ranges: every deleting run its own [lo, hi), never shared, never reused.
-    span = seconds * IDS_PER_SECOND
-    raw_span = seconds * RAW_IDS_PER_SECOND
-    ids = {b: Ids() for b in BACKENDS}
-    guard = {b: [ids[b].take(span) for _ in range(2 * PAIRS)] if guarding else []
-             for b in BACKENDS}
-    hits = {b: {n: ids[b].take(span) for n in CONNS} if not guarding else {}
-            for b in BACKENDS}
-    hooked = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
-              for b in BACKENDS}
-    beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
-    standby = [ids["postgres"].take(span) for _ in range(2 * PAIRS)] if guarding else []
-    # pgbench splits its range into one block per client; twice the span leaves each client
-    # room for twice its even share (a client past its block asks for id 0 and the check fails).
-    pgbench = {n: ids["postgres"].take(2 * raw_span) for n in CONNS} if not guarding else {}
-    # sqlite-raw has no bound of its own: its range is the highest, twice the span, so even an
-    # overrun only reaches ids that were never seeded (and its check fails).
-    raw_sqlite = ids["sqlite"].take(2 * raw_span) if not guarding else (0, 0)
-    rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows, guard, standby)
-
-
 class Bench:
     """One run's state: settings, plan, the service and databases, all it measured (R), failures."""
 
@@ -168,7 +112,8 @@ class Bench:
         self.s = s
         self.plan = plan
         self.work = work
-        self.svc = Service(s.plantstore, work)
+        # The build measured: this checkout's (--profiles: its lighter profile's).
+        self.checkout = Build(s.plantstore, work)
         self.pg = Postgres(s.pg_admin, s.pg_db)
         self.sq = Sqlite(work / "bench.db")
         self.R: dict = {"config": {"seconds": s.seconds, "ids_per_run": plan.span,
@@ -224,13 +169,13 @@ def seed(b: Bench, backend: str, url: str, db) -> str:
     """Migrates and seeds one database; returns the token the wrk runs send."""
     rows = b.plan.rows[backend]
     t0 = time.perf_counter()
-    b.svc.cli(url, "migrate")
-    b.svc.cli(url, "seed", "--count", str(rows))
+    b.checkout.cli(url, "migrate")
+    b.checkout.cli(url, "seed", "--count", str(rows))
     seeded = time.perf_counter() - t0
     n = db.scalar(f"SELECT count(*) FROM plants WHERE id >= 1 AND id <= {rows}")
     if n != rows:
         raise RuntimeError(f"{backend}: seeded {n} rows, wanted {rows}")
-    out = b.svc.cli(url, "token", "create", "--name", "bench").strip().splitlines()
+    out = b.checkout.cli(url, "token", "create", "--name", "bench").strip().splitlines()
     if not out or not out[-1].strip():
         raise RuntimeError(f"{backend}: token create printed no token")
     log(f"{BACKEND_NAME[backend]}: migrated, {n:,} plants seeded in {seeded:.1f} s, token created")
@@ -260,7 +205,7 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
     else:
         lo, hi = NOAUTH_FIRST, 0
     tag = "" if beside is None else f"-before-webhook-{beside + 1}"
-    d = service_under_wrk(b.svc, url, b.work, workload, conns, lo, hi, b.s.seconds,
+    d = service_under_wrk(b.checkout, url, b.work, workload, conns, lo, hi, b.s.seconds,
                           b.tokens[backend], f"{backend}-{workload}-{conns}{tag}", b.s.keep)
     code = d["exit_code"]
     if beside is not None:
@@ -273,8 +218,9 @@ def service_run(b: Bench, backend: str, url: str, db, workload: str, conns: int,
             f"p50 {fmt(d['p50_ms'], 3)} ms  p99 {fmt(d['p99_ms'], 3)} ms  "
             f"peak RSS {fmt(d['peak_rss_mib'], 1)} MiB  "
             f"unexpected: {fmt_unexpected(d['unexpected'])}")
-    if code not in (0, None):
-        line += f"  (exited {code} after SIGTERM; see {d['service_log']})"
+    if code != 0:
+        ended = f"exited {code}" if code is not None else "still running 30 s"
+        line += f"  ({ended} after SIGTERM; see {d['service_log']})"
     log(line)
     if workload == "hits":
         d["check"] = v = verify_hits(db, lo, hi, before, d)
@@ -314,12 +260,10 @@ def measure_startup(b: Bench) -> None:
     b.sq.settle(vacuum=False)
     starts = []
     for i in range(READYZ_STARTS):
-        port = free_port()
-        slog = b.work / f"service-sqlite-start-{i + 1}.log"
         t0 = time.perf_counter()
-        proc = b.svc.start(b.sq.url, port, slog)
-        starts.append(wait_ready(proc, port, "/readyz", 200, slog, 60, t0) * 1000)
-        PROCS.stop(proc)
+        service = b.checkout.start(f"service-sqlite-start-{i + 1}", b.sq.url, 60)
+        starts.append((time.perf_counter() - t0) * 1000)
+        service.stop()
     b.R["readyz"] = {"ms": starts, "median_ms": statistics.median(starts)}
     log(f"start to /readyz 200 (SQLite, {READYZ_STARTS} starts): median "
         f"{statistics.median(starts):.1f} ms ({', '.join(f'{x:.1f}' for x in starts)})")
@@ -385,7 +329,7 @@ def measure_beside(b: Bench) -> int:
     # The databases are migrated by this checkout's build; an older one does not know its
     # newer migrations and would refuse to start, so it only checks the schema (which a
     # newer migration extends, never takes from).
-    baseline = Service(b.s.baseline, b.work, {"PLANTSTORE_MIGRATE": "false"})
+    baseline = Build(b.s.baseline, b.work, {"PLANTSTORE_MIGRATE": "false"})
     for backend, url, db in (("sqlite", b.sq.url, b.sq), ("postgres", b.pg.url, b.pg)):
         log(f"\n== {BACKEND_NAME[backend]}: before ({b.s.baseline}) and after "
             f"({b.s.plantstore}), alternated")
@@ -439,12 +383,13 @@ def measure_standby(b: Bench) -> int:
     b.R["standby"] = {"round_trip": rt, "pairs": []}
     log(f"one replication round trip: {rt['round_trip_ms']:.3f} ms (a WAL-writing commit: "
         f"{rt['sync_ms']:.3f} ms with the standby, {rt['local_ms']:.3f} ms local)")
-    without_barrier = Service(b.s.baseline, b.work)
+    without_barrier = Build(b.s.baseline, b.work)
     for pair in range(PAIRS):
         service_run(b, "postgres", b.pg.url, b.pg, "hits", 64, beside=pair)
         runs = {}
-        for i, (build, svc) in enumerate((("without", without_barrier), ("with", b.svc))):
-            runs[build] = webhook_run(b, "postgres", b.pg.url, b.pg, pair, "http", svc,
+        for i, (build, plantstore) in enumerate((("without", without_barrier),
+                                                 ("with", b.checkout))):
+            runs[build] = webhook_run(b, "postgres", b.pg.url, b.pg, pair, "http", plantstore,
                                       b.plan.standby[2 * pair + i])
         b.R["standby"]["pairs"].append(runs)
     b.R["standby_targets"] = ts = standby_targets(b.R)

@@ -16,9 +16,11 @@ import subprocess
 import time
 from pathlib import Path
 
-from .common import fmt, fmt_rate, free_port, log
+from toolkit.common import free_port
+from toolkit.processes import run
+
+from .common import fmt, fmt_rate, log
 from .databases import pgbench_binary
-from .procs import run
 
 STANDBY_NAME = "bench_standby"
 # The barrier's targets beside the build without it: hits within 10 %, the lag at most one

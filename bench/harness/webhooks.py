@@ -18,13 +18,15 @@ import nats
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import StorageType
 
+from toolkit.common import free_port
+from toolkit.processes import PROCS
+
 from . import cpu
+from .builds import Build
 from .checks import describe_hits_check, verify_hits
-from .common import fmt, fmt_rate, free_port, log, percentile
+from .common import fmt, fmt_rate, log, percentile
 from .databases import count_range
 from .load import run_wrk, start_nginx, unexpected
-from .procs import PROCS
-from .service import wait_ready
 
 CONNS = 64
 DRAIN_S = 120
@@ -124,51 +126,52 @@ def commit_times(db, lo: int, hi: int) -> dict[str, float]:
     return {f"deletion_{int(i)}": float(t) for i, t in rows}
 
 
-def pending(svc, url: str, group: str) -> int:
-    listed = json.loads(svc.cli(url, group, "list", "--json"))
+def pending(plantstore: Build, url: str, group: str) -> int:
+    listed = json.loads(plantstore.cli(url, group, "list", "--json"))
     return sum(e["pending"] for e in listed)
 
 
-def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str, svc=None,
-                ids: tuple[int, int] | None = None) -> dict:
+def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str,
+                plantstore: Build | None = None, ids: tuple[int, int] | None = None) -> dict:
     """Hits at c=64 with one endpoint; the service runs until the endpoint has every event.
     `pair`: which of the backend's PAIRS runs this is; its hit run without an endpoint has
-    just been made. `scheme`: one of RECEIVERS. `svc` and `ids`: another build, and its own
-    id range (`--standby`), instead of this checkout's and the plan's."""
-    svc = svc or b.svc
+    just been made. `scheme`: one of RECEIVERS. `plantstore` and `ids`: another build, and
+    its own id range (`--standby`), instead of this checkout's and the plan's."""
+    plantstore = plantstore or b.checkout
     db.settle(vacuum=True)
     lo, hi = ids or b.plan.hooked[backend][scheme][pair]
     before = count_range(db, lo, hi)
     tls = scheme == "https"
-    tag = f"{scheme}-{pair + 1}" + ("" if svc is b.svc else f"-{svc.binary.name}")
+    tag = f"{scheme}-{pair + 1}" + ("" if plantstore is b.checkout
+                                    else f"-{plantstore.binary.name}")
     group = "streams" if scheme == "nats" else "webhooks"
-    env = None
+    settings = {}
     if scheme == "nats":
         receiver, broker = start_broker(b.work, f"{backend}-{tag}")
-        added = svc.cli(url, "streams", "add", broker, "--stream", STREAM)
+        added = plantstore.cli(url, "streams", "add", broker, "--stream", STREAM)
     else:
         receiver, rport, rdir = start_receiver(b.work, f"{backend}-{tag}", tls)
         host = "localhost" if tls else "127.0.0.1"
-        added = svc.cli(url, "webhooks", "add", f"{scheme}://{host}:{rport}/hooks")
-        env = {"SSL_CERT_FILE": str(rdir / "ca.pem")} if tls else None
+        added = plantstore.cli(url, "webhooks", "add", f"{scheme}://{host}:{rport}/hooks")
+        if tls:
+            settings["SSL_CERT_FILE"] = str(rdir / "ca.pem")
     endpoint = added.split()[3]
-    port = free_port()
-    slog = b.work / f"service-{backend}-hits-webhook-{CONNS}-{tag}.log"
-    proc = svc.start(url, port, slog, env)
-    wait_ready(proc, port, "/readyz", 200, slog, 120, time.perf_counter())
-    cpu_before = cpu.snapshot(proc.pid, receiver.pid)
-    d = run_wrk(port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
+    service = plantstore.start(f"service-{backend}-hits-webhook-{CONNS}-{tag}", url, 120,
+                               **settings)
+    pids = (service.process.pid, receiver.pid)
+    cpu_before = cpu.snapshot(*pids)
+    d = run_wrk(service.port, "hit", CONNS, lo, hi, b.s.seconds, b.tokens[backend],
                 b.work / f"wrk-{backend}-hits-webhook-{CONNS}-{tag}.out")
-    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
+    d["cpu"] = cpu.shares(cpu_before, cpu.snapshot(*pids))
     ended = time.time()
-    while pending(svc, url, group) > 0 and time.time() - ended < DRAIN_S:
+    while pending(plantstore, url, group) > 0 and time.time() - ended < DRAIN_S:
         time.sleep(0.05)
     d["drain_s"] = time.time() - ended
     # The service's CPU for this run's deletes, their events included: from before wrk
     # until the last event was delivered.
-    d["cpu_drained"] = cpu.shares(cpu_before, cpu.snapshot(proc.pid, receiver.pid))
-    d["left_pending"] = pending(svc, url, group)
-    PROCS.stop(proc)
+    d["cpu_drained"] = cpu.shares(cpu_before, cpu.snapshot(*pids))
+    d["left_pending"] = pending(plantstore, url, group)
+    service.stop()
     committed = commit_times(db, lo, hi)
     received: dict[str, float] = {}
     protocols: dict[str, int] = {}
@@ -188,7 +191,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str, svc=None,
             protocols[protocol] = protocols.get(protocol, 0) + 1
             if hook in committed and hook not in received:
                 received[hook] = float(at)
-    svc.cli(url, group, "remove", endpoint)
+    plantstore.cli(url, group, "remove", endpoint)
     d["unexpected"] = unexpected(d, "204")
     d["protocols"] = protocols
     lags = sorted(received[h] - committed[h] for h in received)
