@@ -47,9 +47,9 @@ class Service:
     """One `plantstore serve` of `binary` on `database_url` at 127.0.0.1:`port`, started and
     stopped as often as asked; all it prints goes to `work/NAME.log`.
 
-    It runs as beside a database prepared before (`prepare_database`): no migration at start,
-    logs at warn, unless `settings` say otherwise. Other settings are the product's defaults
-    (see `environment`)."""
+    It is set up as a deploy beside a database prepared beforehand (`prepare_database`): no
+    migration at start, logs at warn; `settings` add to that or change it. Everything else
+    is the product's default (see `environment`)."""
 
     def __init__(self, name: str, binary, database_url: str, port: int, work, **settings):
         self.name, self.port = name, port
