@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import StorageType
 
 from toolkit.common import free_port
@@ -98,7 +97,9 @@ def stored_times(url: str) -> tuple[dict[str, float], int]:
         while True:
             try:
                 messages = await sub.fetch(1000, timeout=2)
-            except NatsTimeout:
+            # nats-py's fetch may time out as its own TimeoutError or as asyncio's,
+            # of which its own is a subclass.
+            except asyncio.TimeoutError:
                 break
             for msg in messages:
                 count += 1

@@ -10,7 +10,6 @@ import subprocess
 import uuid
 
 import nats
-from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import StorageType
 
 from toolkit.common import fail, free_port, wait_until
@@ -67,7 +66,9 @@ class Broker:
         while True:
             try:
                 messages = await sub.fetch(500, timeout=2)
-            except NatsTimeout:
+            # nats-py's fetch may time out as its own TimeoutError or as asyncio's,
+            # of which its own is a subclass.
+            except asyncio.TimeoutError:
                 break
             for msg in messages:
                 read.append((msg.subject, msg.headers["Nats-Msg-Id"]))

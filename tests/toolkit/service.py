@@ -3,9 +3,9 @@ database prepared as a user prepares one."""
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -119,21 +119,14 @@ class Service:
 
 def http_status(port: int, path: str, timeout=1.0) -> int | None:
     """Status of one GET on a fresh connection, or None when nothing answers yet."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-            s.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode()
-            )
-            head = b""
-            while b"\r\n" not in head:
-                chunk = s.recv(256)
-                if not chunk:
-                    return None
-                head += chunk
-            parts = head.split(b"\r\n", 1)[0].split()
-            return int(parts[1]) if len(parts) >= 2 else None
-    except (OSError, ValueError):
+        connection.request("GET", path, headers={"Connection": "close"})
+        return connection.getresponse().status
+    except (OSError, http.client.HTTPException):
         return None
+    finally:
+        connection.close()
 
 
 def wait_ready(proc: subprocess.Popen, port: int, path: str, ok: int, log: Path | None,
