@@ -23,7 +23,9 @@ class Build:
         self.settings = {**MEASURED_AS, **(settings or {})}
 
     def cli(self, url: str, *args: str, timeout=3600) -> str:
-        return cli(self.binary, url, *args, timeout=timeout)
+        """A command of this build; an older build must not migrate a newer schema either."""
+        return cli(self.binary, url, *args, timeout=timeout,
+                   PLANTSTORE_MIGRATE=self.settings["PLANTSTORE_MIGRATE"])
 
     def start(self, name: str, url: str, within: float, **settings) -> Service:
         """A service of this build on `url` and a free port, ready; its log is

@@ -1,9 +1,10 @@
 """The guard of a change (`bench/run --guard REV`): the service built from the checkout beside
 the one built from REV, in this one run, on the same databases, alternated PAIRS times: hits
-and 401s at 64 connections on both backends, each run's peak RSS; then the checkout's own
-deletion events (hits with one webhook endpoint beside hits without). A pair's ratio swung by
-a third between runs of one build minutes apart, so each target is judged on the median of
-the pairs' ratios, and every pair is printed."""
+and 401s at 64 connections on both backends, each run's peak RSS; then hits with one
+destination of each kind, REV's build and the checkout's in turn (main.py's webhook_pairs),
+beside hits without. A pair's ratio swung by a third between runs of one build minutes
+apart, so each target is judged on the median of the pairs' ratios, and every pair is
+printed."""
 
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def median_ratio(builds: dict) -> tuple[float | None, list[float]]:
 
 
 def peak_rss(runs: dict, build: str) -> float:
-    """The highest peak RSS of `build`'s runs, every workload."""
-    return max(d["peak_rss_mib"] or 0 for builds in runs.values() for d in builds[build])
+    """The highest peak RSS of `build`'s runs without a destination."""
+    return max(d["peak_rss_mib"] or 0 for workload in WORKLOADS for d in runs[workload][build])
 
 
 # `--profiles`: the lighter release profile is taken if hits stay within 5 % and peak RSS

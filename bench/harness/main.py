@@ -242,16 +242,24 @@ def measure_sqlite(b: Bench) -> None:
     measure_startup(b)
 
 
-def webhook_pairs(b: Bench, backend: str, url: str, db) -> None:
-    """PAIRS times a hit run at 64 connections, then one with an http endpoint and one with
-    an https endpoint; for each, the pair whose ratio is the median is the one reported. One
-    pair's ratio swung from 0.72 to 1.07 with the same build within minutes (the disk's and
-    the neighbours' pace drift), so one pair alone can neither show nor rule out a change of
-    a few percent."""
+def webhook_pairs(b: Bench, backend: str, url: str, db, baseline: Build | None = None) -> None:
+    """PAIRS times a hit run at 64 connections, then one with each destination (RECEIVERS);
+    for each, the pair whose ratio is the median is the one reported. One pair's ratio swung
+    from 0.72 to 1.07 with the same build within minutes (the disk's and the neighbours' pace
+    drift), so one pair alone can neither show nor rule out a change of a few percent. With
+    `baseline` (`--guard`), each run with a destination is made with REV's build just before,
+    so that what a change costs delivery is a ratio within one run too."""
     for pair in range(PAIRS):
         service_run(b, backend, url, db, "hits", 64, beside=pair)
         for scheme in RECEIVERS:
-            webhook_run(b, backend, url, db, pair, scheme)
+            if baseline is None:
+                webhook_run(b, backend, url, db, pair, scheme)
+                continue
+            builds = b.R["guard"][backend].setdefault(f"hits+{scheme}", {})
+            ids = b.plan.hooked_before[backend][scheme][pair]
+            builds.setdefault("before", []).append(
+                webhook_run(b, backend, url, db, pair, scheme, baseline, ids))
+            builds.setdefault("after", []).append(webhook_run(b, backend, url, db, pair, scheme))
     pick_median_pair(b.R, backend)
 
 
@@ -321,9 +329,9 @@ def write_report(b: Bench) -> int:
 
 def measure_beside(b: Bench) -> int:
     """`--guard REV`: REV's build (before) and this checkout's (after) alternated on both
-    backends, then this checkout's deletion events. `--profiles`: the release profile's
-    build (before) and the lighter one's (after) alternated the same way, beside each
-    build's time and size. Only their targets are reported."""
+    backends, without a destination and then with one of each kind. `--profiles`: the
+    release profile's build (before) and the lighter one's (after) alternated the same way,
+    beside each build's time and size. Only their targets are reported."""
     machine_and_disk(b)
     prepare_databases(b)
     # The databases are migrated by this checkout's build; an older one does not know its
@@ -335,7 +343,7 @@ def measure_beside(b: Bench) -> int:
             f"({b.s.plantstore}), alternated")
         guard_runs(b, baseline, backend, url, db)
         if not b.s.profiles:
-            webhook_pairs(b, backend, url, db)
+            webhook_pairs(b, backend, url, db, baseline)
     R = b.R
     if b.s.profiles:
         R["builds"] = builds = profile_builds(b.s.profiles / "builds.tsv")

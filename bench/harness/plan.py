@@ -33,6 +33,8 @@ class Plan:
     span: int
     hits: dict
     hooked: dict
+    # `--guard`: the runs with a destination made with REV's build.
+    hooked_before: dict
     beside: dict
     pgbench: dict
     raw_sqlite: tuple
@@ -55,6 +57,8 @@ def plan_ids(seconds: int, guarding: bool) -> Plan:
             for b in BACKENDS}
     hooked = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
               for b in BACKENDS}
+    hooked_before = {b: {r: [ids[b].take(span) for _ in range(PAIRS)] for r in RECEIVERS}
+                     if guarding else {} for b in BACKENDS}
     beside = {b: [ids[b].take(span) for _ in range(PAIRS)] for b in BACKENDS}
     standby = [ids["postgres"].take(span) for _ in range(2 * PAIRS)] if guarding else []
     # pgbench splits its range into one block per client; twice the span leaves each client
@@ -64,4 +68,4 @@ def plan_ids(seconds: int, guarding: bool) -> Plan:
     # overrun only reaches ids that were never seeded (and its check fails).
     raw_sqlite = ids["sqlite"].take(2 * raw_span) if not guarding else (0, 0)
     rows = {b: max(MIN_ROWS, ids[b].next - 1) for b in BACKENDS}
-    return Plan(span, hits, hooked, beside, pgbench, raw_sqlite, rows, guard, standby)
+    return Plan(span, hits, hooked, hooked_before, beside, pgbench, raw_sqlite, rows, guard, standby)

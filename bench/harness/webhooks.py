@@ -137,7 +137,8 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str,
     """Hits at c=64 with one endpoint; the service runs until the endpoint has every event.
     `pair`: which of the backend's PAIRS runs this is; its hit run without an endpoint has
     just been made. `scheme`: one of RECEIVERS. `plantstore` and `ids`: another build, and
-    its own id range (`--standby`), instead of this checkout's and the plan's."""
+    its own id range (`--standby`, `--guard`), instead of this checkout's and the plan's;
+    only this checkout's runs make the pairs `pick_median_pair` reports."""
     plantstore = plantstore or b.checkout
     db.settle(vacuum=True)
     lo, hi = ids or b.plan.hooked[backend][scheme][pair]
@@ -172,6 +173,7 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str,
     # until the last event was delivered.
     d["cpu_drained"] = cpu.shares(cpu_before, cpu.snapshot(*pids))
     d["left_pending"] = pending(plantstore, url, group)
+    d["peak_rss_mib"] = service.peak_rss_mib()
     service.stop()
     committed = commit_times(db, lo, hi)
     received: dict[str, float] = {}
@@ -213,9 +215,11 @@ def webhook_run(b, backend: str, url: str, db, pair: int, scheme: str,
     d["cpu_per_event_us"] = (d["cpu_per_delete_us"] - d["without_cpu_per_delete_us"]
                              if d["cpu_per_delete_us"] and d["without_cpu_per_delete_us"]
                              else None)
-    b.R.setdefault("webhook_pairs", {}).setdefault(key(backend, scheme), []).append(
-        {"without": plain, "with": d})
-    log(f"{backend:<8} hits+webhook {scheme} {pair + 1} of {PAIRS} c={CONNS} "
+    if plantstore is b.checkout:
+        b.R.setdefault("webhook_pairs", {}).setdefault(key(backend, scheme), []).append(
+            {"without": plain, "with": d})
+    build = "" if plantstore is b.checkout else f" ({plantstore.binary})"
+    log(f"{backend:<8} hits+webhook {scheme}{build} {pair + 1} of {PAIRS} c={CONNS} "
         f"{fmt_rate(d['rps']):>9} req/s ({fmt(d['vs_without'])} of hits without one)  "
         f"CPU/delete {fmt(d['cpu_per_delete_us'], 1)} µs ({fmt(d['cpu_ratio'])} of "
         f"{fmt(d['without_cpu_per_delete_us'], 1)} µs without)  "

@@ -30,10 +30,11 @@ def environment(database_url: str, **settings) -> dict:
     return {"PATH": os.environ.get("PATH", ""), "DATABASE_URL": database_url, **settings}
 
 
-def cli(binary, database_url: str, *args: str, timeout=3600) -> str:
-    """What `plantstore ARGS` prints on `database_url`; RuntimeError when it fails."""
+def cli(binary, database_url: str, *args: str, timeout=3600, **settings) -> str:
+    """What `plantstore ARGS` prints on `database_url`, with `settings` in its environment;
+    RuntimeError when it fails."""
     return run([os.path.abspath(binary), *args], timeout=timeout,
-               env=environment(database_url), cwd=WORKING_DIRECTORY).stdout
+               env=environment(database_url, **settings), cwd=WORKING_DIRECTORY).stdout
 
 
 def prepare_database(binary, database_url: str, plants: int) -> str:
