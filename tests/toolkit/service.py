@@ -3,13 +3,13 @@ database prepared as a user prepares one."""
 
 from __future__ import annotations
 
-import http.client
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+from .common import get
 from .processes import PROCS, run
 
 # Often enough to time a start to its first 200 from /readyz within a few milliseconds
@@ -118,25 +118,13 @@ class Service:
         return None
 
 
-def http_status(port: int, path: str, timeout=1.0) -> int | None:
-    """Status of one GET on a fresh connection, or None when nothing answers yet."""
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        connection.request("GET", path, headers={"Connection": "close"})
-        return connection.getresponse().status
-    except (OSError, http.client.HTTPException):
-        return None
-    finally:
-        connection.close()
-
-
 def wait_ready(proc: subprocess.Popen, port: int, path: str, ok: int, log: Path | None,
                within: float) -> None:
     """Polls until `path` answers `ok`; NotReady, with the end of `log`, when `proc` exits
     first or `within` seconds pass."""
     started = time.perf_counter()
     while True:
-        if http_status(port, path) == ok:
+        if get(f"http://127.0.0.1:{port}{path}", timeout=1.0)[0] == ok:
             return
         if proc.poll() is not None:
             tail = ""
